@@ -1,0 +1,1 @@
+"""Content safety checks (filled by the content-safety issue)."""

@@ -1,0 +1,1 @@
+"""Reference queue scheduler: the embedded default and the executable specification of the protocol."""

@@ -1,0 +1,69 @@
+"""`python -m scheduler` / `dit-scheduler`: run the reference scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from scheduler.app import Settings, create_app
+from scheduler.store import TaskStore
+
+log = logging.getLogger("scheduler")
+
+
+def _tokens(env_name: str) -> frozenset[str]:
+    return frozenset(t.strip() for t in os.environ.get(env_name, "").split(",") if t.strip())
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dit-scheduler", description=__doc__)
+    p.add_argument("--db", type=Path, default=Path("var/scheduler.db"), help="SQLite file (WAL mode)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--lease-ttl", type=float, default=60.0, help="seconds a lease lives without renewal")
+    p.add_argument("--max-attempts", type=int, default=3, help="leases per task before it fails for good")
+    p.add_argument("--max-queued", type=int, default=100_000, help="429 to clients beyond this backlog")
+    p.add_argument("--worker-tokens-env", default="DIT_WORKER_TOKENS",
+                   help="env var with comma-separated bearer tokens for workers")
+    p.add_argument("--client-tokens-env", default="DIT_CLIENT_TOKENS",
+                   help="env var with comma-separated bearer tokens for clients")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings(worker_tokens=_tokens(args.worker_tokens_env),
+                        client_tokens=_tokens(args.client_tokens_env), max_queued=args.max_queued)
+    if not _is_loopback(args.host) and not (settings.worker_tokens and settings.client_tokens):
+        log.error("refusing to listen on %s without auth: set %s and %s (comma-separated tokens)",
+                  args.host, args.worker_tokens_env, args.client_tokens_env)
+        return 2
+    args.db.parent.mkdir(parents=True, exist_ok=True)
+    store = TaskStore(args.db, lease_ttl_s=args.lease_ttl, max_attempts=args.max_attempts)
+    log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
+             args.host, args.port, args.db, args.lease_ttl, args.max_attempts,
+             "on" if settings.worker_tokens else "off (loopback)")
+    uvicorn.run(create_app(store, settings), host=args.host, port=args.port,
+                log_level=args.log_level.lower(), access_log=False)
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

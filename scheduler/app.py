@@ -1,0 +1,195 @@
+"""The reference scheduler's HTTP API (FastAPI). See docs/protocol.md for the protocol in prose."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from scheduler.protocol import (
+    Heartbeat,
+    HeartbeatReply,
+    LeaseRequest,
+    LeaseResponse,
+    Registered,
+    RegisterWorker,
+    Report,
+    SubmitTask,
+    TaskList,
+    TaskStatus,
+    TaskView,
+    WorkerView,
+)
+from scheduler.store import Conflict, NotFound, TaskStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Empty token sets switch auth off; __main__ allows that only on a loopback address.
+    worker_tokens: frozenset[str] = frozenset()
+    client_tokens: frozenset[str] = frozenset()
+    max_queued: int = 100_000
+    sweep_interval_s: float = 1.0
+    retry_after_s: int = 5
+
+
+@dataclass
+class _Wakeup:
+    """Wakes long-polling lease requests when work may have appeared (submit, requeue, failure)."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        old, self.event = self.event, asyncio.Event()
+        old.set()
+
+
+def _bearer_checker(tokens_of: str):
+    scheme = HTTPBearer(auto_error=False)
+
+    async def check(request: Request, cred: HTTPAuthorizationCredentials | None = Depends(scheme)) -> None:
+        tokens: frozenset[str] = getattr(request.app.state.settings, tokens_of)
+        if not tokens:
+            return
+        if cred is None or not any(hmac.compare_digest(cred.credentials, t) for t in tokens):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+worker_auth = _bearer_checker("worker_tokens")
+client_auth = _bearer_checker("client_tokens")
+
+
+def create_app(store: TaskStore, settings: Settings = Settings()) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.wakeup = _Wakeup()
+        sweeper = asyncio.create_task(_sweep_forever(app))
+        yield
+        sweeper.cancel()
+
+    app = FastAPI(title="dit-worker reference scheduler", version="1", lifespan=lifespan)
+    app.state.store = store
+    app.state.settings = settings
+    _client_routes(app)
+    _worker_routes(app)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+async def _sweep_forever(app: FastAPI) -> None:
+    # Requeues expired leases even when no request arrives, so status pages stay truthful.
+    while True:
+        await asyncio.sleep(app.state.settings.sweep_interval_s)
+        try:
+            if await run_in_threadpool(app.state.store.sweep):
+                app.state.wakeup.notify()
+        except Exception:  # a locked or broken DB must not end the sweeper
+            log.exception("lease sweep failed")
+
+
+def _client_routes(app: FastAPI) -> None:
+    store: TaskStore = app.state.store
+
+    @app.post("/v1/tasks", status_code=201, response_model=TaskView, tags=["clients"],
+              dependencies=[Depends(client_auth)],
+              responses={200: {"description": "idempotent replay"}, 409: {}, 429: {}})
+    async def submit(body: SubmitTask, response: Response) -> TaskView:
+        if await run_in_threadpool(store.queued_count) >= app.state.settings.max_queued:
+            raise HTTPException(429, "queue is full", headers={
+                "Retry-After": str(app.state.settings.retry_after_s)})
+        try:
+            task, created = await run_in_threadpool(store.submit, body)
+        except Conflict as e:
+            raise HTTPException(409, str(e)) from e
+        if created:
+            app.state.wakeup.notify()
+        else:
+            response.status_code = 200
+        return task
+
+    @app.get("/v1/tasks/{task_id}", response_model=TaskView, tags=["clients"],
+             dependencies=[Depends(client_auth)], responses={404: {}})
+    async def get_task(task_id: str) -> TaskView:
+        try:
+            return await run_in_threadpool(store.get, task_id)
+        except NotFound as e:
+            raise HTTPException(404, str(e)) from e
+
+    @app.get("/v1/tasks", response_model=TaskList, tags=["clients"], dependencies=[Depends(client_auth)])
+    async def list_tasks(status: TaskStatus | None = None, limit: int = Query(100, ge=1, le=1000),
+                         offset: int = Query(0, ge=0)) -> TaskList:
+        return TaskList(tasks=await run_in_threadpool(store.list, status, limit, offset))
+
+
+def _worker_routes(app: FastAPI) -> None:
+    store: TaskStore = app.state.store
+    auth = [Depends(worker_auth)]
+
+    @app.post("/v1/workers", status_code=201, response_model=Registered, tags=["workers"],
+              dependencies=auth)
+    async def register(body: RegisterWorker) -> Registered:
+        worker_id = await run_in_threadpool(store.register, body)
+        log.info("registered %s: %s, %d rank(s), model %s", worker_id, body.hostname,
+                 body.world_size, body.model)
+        return Registered(worker_id=worker_id, lease_ttl_s=store.lease_ttl_s)
+
+    @app.get("/v1/workers", response_model=list[WorkerView], tags=["workers"], dependencies=auth)
+    async def list_workers() -> list[WorkerView]:
+        return await run_in_threadpool(store.workers)
+
+    @app.post("/v1/workers/{worker_id}/lease", response_model=LeaseResponse, tags=["workers"],
+              dependencies=auth, responses={204: {"description": "no work within wait_s"}, 404: {}})
+    async def lease(worker_id: str, body: LeaseRequest) -> LeaseResponse | Response:
+        end = time.monotonic() + body.wait_s
+        while True:
+            event = app.state.wakeup.event  # taken before the claim so no wakeup is missed
+            try:
+                got = await run_in_threadpool(store.claim, worker_id, body.max_tasks)
+            except NotFound as e:
+                raise HTTPException(404, str(e)) from e
+            left = end - time.monotonic()
+            if got or left <= 0:
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=min(left, 1.0))
+        if not got:
+            return Response(status_code=204)
+        return LeaseResponse(leases=got)
+
+    @app.post("/v1/workers/{worker_id}/heartbeat", response_model=HeartbeatReply, tags=["workers"],
+              dependencies=auth, responses={404: {}})
+    async def heartbeat(worker_id: str, body: Heartbeat) -> HeartbeatReply:
+        try:
+            return await run_in_threadpool(store.heartbeat, worker_id, body)
+        except NotFound as e:
+            raise HTTPException(404, str(e)) from e
+
+    @app.post("/v1/tasks/{task_id}/report", response_model=TaskView, tags=["workers"],
+              dependencies=auth, responses={404: {}, 409: {"description": "stale lease token"}})
+    async def report(task_id: str, body: Report) -> TaskView:
+        try:
+            task = await run_in_threadpool(store.report, task_id, body)
+        except NotFound as e:
+            raise HTTPException(404, str(e)) from e
+        except Conflict as e:
+            raise HTTPException(409, str(e)) from e
+        if task.status == "queued":  # a retryable failure went back to the queue
+            app.state.wakeup.notify()
+        return task

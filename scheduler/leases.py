@@ -1,0 +1,26 @@
+"""Lease arithmetic: pure functions, so the rules are unit-tested apart from SQL."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Outcome = Literal["queued", "failed"]
+
+
+def deadline(now: float, ttl_s: float) -> float:
+    return now + ttl_s
+
+
+def expired(lease_deadline: float | None, now: float) -> bool:
+    # A lease is held up to and including its deadline; strictly after it, it is gone.
+    return lease_deadline is not None and now > lease_deadline
+
+
+def after_expiry(attempts: int, max_attempts: int) -> Outcome:
+    """An expired lease requeues the task unless it has used all its attempts (poison jobs)."""
+    return "queued" if attempts < max_attempts else "failed"
+
+
+def after_failure(retryable: bool, attempts: int, max_attempts: int) -> Outcome:
+    """A failure report requeues the task only when the worker says a retry can help."""
+    return "queued" if retryable and attempts < max_attempts else "failed"

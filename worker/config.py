@@ -1,0 +1,150 @@
+"""The worker's configuration: one typed tree, loaded from a TOML file in configs/.
+
+Each component receives only its own section. Unknown keys and wrong types are errors that name the
+dotted path of the field to fix (e.g. `model.steps: Input should be a valid integer`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class QueueConfig(_Section):
+    url: str = "http://127.0.0.1:8700"
+    # Name of the environment variable holding the bearer token; read at start, never stored here.
+    token_env: str = "DIT_WORKER_TOKEN"
+    timeout_s: float = Field(10.0, gt=0)
+    lease_wait_s: float = Field(10.0, ge=0, le=60, description="long-poll wait per lease call")
+    max_tasks: int = Field(1, ge=1, le=256)
+    heartbeat_interval_s: float = Field(30.0, gt=0)
+    # How long a result report keeps retrying before the lease expiry takes over.
+    report_deadline_s: float = Field(45.0, gt=0)
+    idle_backoff_max_s: float = Field(10.0, gt=0, description="cap on waits while the queue is down")
+
+
+class DistributedConfig(_Section):
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    # Loading 30 GB of weights and compiling can take many minutes; serving collectives cannot.
+    load_timeout_s: float = Field(1800.0, gt=0)
+    serve_timeout_s: float = Field(120.0, gt=0)
+
+
+class ModelConfig(_Section):
+    name: str = "flux.1-schnell"
+    source: str = Field("black-forest-labs/FLUX.1-schnell", description="Hub id or local directory")
+    revision: str | None = None
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    guidance_scale: float = 0.0
+    max_sequence_length: int = Field(256, ge=1, le=512)
+
+
+class LimitsConfig(_Section):
+    """What a request may ask for; validation refuses anything outside it."""
+
+    max_prompt_chars: int = Field(2000, ge=1)
+    min_side: int = Field(256, ge=16)
+    max_side: int = Field(2048, ge=16)
+    max_pixels: int = Field(2048 * 2048, ge=256)
+    default_width: int = 1360
+    default_height: int = 768
+    default_steps: int = Field(4, ge=1)
+    max_steps: int = Field(8, ge=1)
+    output_formats: tuple[Literal["png"], ...] = ("png",)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LimitsConfig":
+        for name in ("min_side", "max_side", "default_width", "default_height"):
+            if getattr(self, name) % 16:
+                raise ValueError(f"{name} must be a multiple of 16")
+        if not self.min_side <= self.default_width <= self.max_side:
+            raise ValueError("default_width must lie within [min_side, max_side]")
+        if not self.min_side <= self.default_height <= self.max_side:
+            raise ValueError("default_height must lie within [min_side, max_side]")
+        if self.default_steps > self.max_steps:
+            raise ValueError("default_steps must not exceed max_steps")
+        return self
+
+
+class WarmupConfig(_Section):
+    # (width, height) pairs generated once before the worker reports ready.
+    sizes: tuple[tuple[int, int], ...] = ((1360, 768),)
+    prompt: str = "a lighthouse on a cliff at dawn"
+
+
+class LocalStorageConfig(_Section):
+    root: str = "outputs"
+
+
+class StorageConfig(_Section):
+    kind: Literal["local"] = "local"
+    local: LocalStorageConfig = LocalStorageConfig()
+
+
+class LoggingConfig(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class WorkerConfig(_Section):
+    queue: QueueConfig = QueueConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    model: ModelConfig = ModelConfig()
+    limits: LimitsConfig = LimitsConfig()
+    warmup: WarmupConfig = WarmupConfig()
+    storage: StorageConfig = StorageConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _collectives_outlive_rank0_io(self) -> "WorkerConfig":
+        # Followers wait in a collective while rank 0 long-polls or backs off; that wait must end
+        # well before the serve timeout, or an idle worker would kill itself.
+        idle = self.queue.lease_wait_s + self.queue.timeout_s + self.queue.idle_backoff_max_s
+        if idle >= self.distributed.serve_timeout_s / 2:
+            raise ValueError(
+                "queue.lease_wait_s + queue.timeout_s + queue.idle_backoff_max_s must be under half "
+                f"of distributed.serve_timeout_s ({idle:.0f}s vs {self.distributed.serve_timeout_s:.0f}s)")
+        if self.queue.report_deadline_s >= self.distributed.serve_timeout_s / 2:
+            raise ValueError("queue.report_deadline_s must be under half of distributed.serve_timeout_s")
+        return self
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and each field to fix."""
+
+
+def load_config(path: str | Path) -> WorkerConfig:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    try:
+        return WorkerConfig.model_validate(_tuples(raw))
+    except ValidationError as e:
+        raise ConfigError(f"{path}: " + "; ".join(_describe(err) for err in e.errors())) from e
+
+
+def _tuples(value):
+    # TOML has arrays only; strict mode wants tuples for the fixed-shape fields.
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def _describe(err) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key"
+    return f"{where}: {err['msg']}"

@@ -1,0 +1,106 @@
+"""Rank 0's heartbeat: a daemon thread that never waits on the GPU.
+
+It reports the worker's status and in-flight task ids every interval, which renews their leases on
+the scheduler; the reply names leases this worker has lost, so their results are not reported.
+A status change (e.g. to "ready") is sent at once rather than at the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from scheduler.protocol import Heartbeat, WorkerStatus
+from worker.queue_client import AuthError, NotFound, QueueClient, QueueError
+
+log = logging.getLogger(__name__)
+
+
+class WorkerState:
+    """What rank 0 is doing, shared between the serve loop and the heartbeat thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._status: WorkerStatus = "initializing"
+        self._in_flight: set[str] = set()
+        self._lost: set[str] = set()
+        self.changed = threading.Event()
+        self.worker_unknown = threading.Event()  # scheduler forgot us: the serve loop re-registers
+
+    def set_status(self, status: WorkerStatus) -> None:
+        with self._lock:
+            if status != self._status:
+                self._status = status
+                self.changed.set()
+
+    @property
+    def status(self) -> WorkerStatus:
+        with self._lock:
+            return self._status
+
+    def begin(self, task_id: str) -> None:
+        with self._lock:
+            self._in_flight.add(task_id)
+
+    def end(self, task_id: str) -> None:
+        with self._lock:
+            self._in_flight.discard(task_id)
+            self._lost.discard(task_id)
+
+    def snapshot(self) -> tuple[WorkerStatus, list[str]]:
+        with self._lock:
+            return self._status, sorted(self._in_flight)
+
+    def mark_lost(self, task_ids: list[str]) -> None:
+        with self._lock:
+            self._lost.update(t for t in task_ids if t in self._in_flight)
+
+    def is_lost(self, task_id: str) -> bool:
+        with self._lock:
+            return task_id in self._lost
+
+
+class HeartbeatThread(threading.Thread):
+    def __init__(self, client: QueueClient, worker_id: str, state: WorkerState, interval_s: float) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self._client = client
+        self.worker_id = worker_id
+        self._state = state
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self.beats = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._state.changed.set()
+
+    def run(self) -> None:
+        next_beat = 0.0
+        while not self._stop.is_set():
+            # Wake at the interval or at once on a status change, whichever comes first.
+            self._state.changed.wait(timeout=max(0.0, next_beat - time.monotonic()))
+            self._state.changed.clear()
+            if self._stop.is_set():
+                break
+            self.beat()
+            next_beat = time.monotonic() + self._interval
+
+    def beat(self) -> None:
+        status, in_flight = self._state.snapshot()
+        hb = Heartbeat(status=status, in_flight=in_flight, timestamp=time.time())
+        try:
+            # Retries stay within one interval so beats never pile up behind each other.
+            reply = self._client.heartbeat(self.worker_id, hb, deadline_s=self._interval)
+        except NotFound:
+            log.error("scheduler does not know worker %s; re-registering", self.worker_id)
+            self._state.worker_unknown.set()
+        except AuthError as e:
+            log.error("heartbeat refused: %s", e)
+        except QueueError as e:
+            log.warning("heartbeat failed after retries: %s", e)
+        else:
+            self.beats += 1
+            if reply.lost:
+                log.warning("leases lost on %s", ", ".join(reply.lost))
+                self._state.mark_lost(reply.lost)
