@@ -1,6 +1,6 @@
 """`dit-worker` console script.
 
-    dit-worker serve --config configs/tiny.toml     one rank (run under torchrun for several)
+    dit-worker serve --config configs/tiny.toml [--set queue.url=...]   one rank (torchrun runs several)
     dit-worker make-tiny-model models/tiny-flux     build the offline random-weight test model
 """
 
@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one rank of the worker")
     serve.add_argument("--config", required=True, help="TOML file, e.g. configs/flux-schnell.toml")
+    serve.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one config value (TOML syntax), e.g. --set queue.url=http://q:8700")
     tiny = sub.add_parser("make-tiny-model", help="save a tiny random-weight FLUX pipeline")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from worker.main import run
 
-        return run(args.config)
+        return run(args.config, args.set)
     from worker.tiny_model import make_tiny_model
 
     print(make_tiny_model(args.directory, args.seed))

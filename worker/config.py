@@ -110,9 +110,14 @@ class WorkerConfig(_Section):
         if idle >= self.distributed.serve_timeout_s / 2:
             raise ValueError(
                 "queue.lease_wait_s + queue.timeout_s + queue.idle_backoff_max_s must be under half "
-                f"of distributed.serve_timeout_s ({idle:.0f}s vs {self.distributed.serve_timeout_s:.0f}s)")
+                f"of distributed.serve_timeout_s ({idle:.0f}s; half is {self.distributed.serve_timeout_s / 2:.0f}s)")
         if self.queue.report_deadline_s >= self.distributed.serve_timeout_s / 2:
             raise ValueError("queue.report_deadline_s must be under half of distributed.serve_timeout_s")
+        lim = self.limits
+        for w, h in self.warmup.sizes:
+            if w % 16 or h % 16 or not (lim.min_side <= min(w, h) and max(w, h) <= lim.max_side):
+                raise ValueError(f"warmup.sizes: {w}x{h} is not a size the limits allow "
+                                 f"(multiples of 16 within [{lim.min_side}, {lim.max_side}])")
         return self
 
 
@@ -120,7 +125,9 @@ class ConfigError(Exception):
     """A config file that cannot be used; the message names the file and each field to fix."""
 
 
-def load_config(path: str | Path) -> WorkerConfig:
+def load_config(path: str | Path, overrides: list[str] = ()) -> WorkerConfig:
+    """Reads `path`, applies `section.key=value` overrides (values in TOML syntax; bare words are
+    strings), and validates the result."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -128,10 +135,29 @@ def load_config(path: str | Path) -> WorkerConfig:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    for item in overrides:
+        _apply_override(raw, item)
     try:
         return WorkerConfig.model_validate(_tuples(raw))
     except ValidationError as e:
         raise ConfigError(f"{path}: " + "; ".join(_describe(err) for err in e.errors())) from e
+
+
+def _apply_override(raw: dict, item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare word, e.g. queue.url=http://host:8700
+    *parents, leaf = key.strip().split(".")
+    node = raw
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {part} is not a section")
+    node[leaf] = value
 
 
 def _tuples(value):
@@ -147,4 +173,4 @@ def _describe(err) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
         return f"{where}: unknown key"
-    return f"{where}: {err['msg']}"
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}"

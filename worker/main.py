@@ -24,9 +24,9 @@ from worker.storage import build_store
 log = logging.getLogger("worker")
 
 
-def run(config_path: str) -> int:
+def run(config_path: str, overrides: list[str] = ()) -> int:
     try:
-        cfg = load_config(config_path)
+        cfg = load_config(config_path, overrides)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,32 @@
+# `make demo` and `make test` work on a fresh clone: they install into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Installed before the package so that pip never swaps in another torch build.
+TORCH_SPEC ?= torch==2.13.0
+BENCH_OUT ?= var/bench
+
+.PHONY: install demo test scheduler node clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+demo: install
+	$(PY) -m launch.demo
+
+test: install
+	$(PY) -m pytest -q
+
+scheduler: install
+	$(PY) -m scheduler
+
+node: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" launch/node.sh
+
+clean:
+	rm -rf var outputs models .pytest_cache

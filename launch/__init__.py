@@ -1,0 +1,1 @@
+"""Launch helpers: one node under torchrun (node.sh), and local runs for the demo and tests."""
