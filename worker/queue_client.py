@@ -74,10 +74,12 @@ def backoff_wait(base_s: float = 0.5, max_s: float = 30.0):
 
 
 class QueueClient:
-    def __init__(self, cfg: QueueConfig, token: str | None) -> None:
+    def __init__(self, cfg: QueueConfig, token: str | None,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self._cfg = cfg
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=cfg.url, headers=headers, timeout=cfg.timeout_s)
+        self._http = httpx.Client(base_url=cfg.url, headers=headers, timeout=cfg.timeout_s,
+                                  transport=transport)
 
     def close(self) -> None:
         self._http.close()

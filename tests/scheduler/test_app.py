@@ -1,0 +1,103 @@
+"""The protocol over HTTP, against the scheduler running as a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from launch.local import free_port, start_scheduler
+
+REG = {"hostname": "h", "world_size": 2, "devices": [{"name": "cpu", "memory_bytes": 1}], "model": "m",
+       "version": "v"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sched")
+    port = free_port()
+    proc = start_scheduler(tmp / "s.db", port, tmp / "s.log", lease_ttl=1.0, max_attempts=3,
+                           extra=["--max-queued", "50"])
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+        yield http
+    proc.stop()
+
+
+def register(http) -> str:
+    resp = http.post("/v1/workers", json=REG)
+    assert resp.status_code == 201
+    return resp.json()["worker_id"]
+
+
+def drain(http, wid):
+    """Fails every queued task for good, so the shared server starts each test with an empty queue."""
+    while (resp := http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 50})).status_code == 200:
+        for lease in resp.json()["leases"]:
+            http.post(f"/v1/tasks/{lease['task_id']}/report", json={
+                "worker_id": wid, "lease_token": lease["lease_token"], "status": "failed",
+                "error": {"code": "drained", "message": "test cleanup", "retryable": False}})
+
+
+def test_submit_get_list(server):
+    t = server.post("/v1/tasks", json={"input": {"prompt": "a"}, "priority": 3}).json()
+    assert t["status"] == "queued" and t["priority"] == 3 and t["attempts"] == 0
+    assert server.get(f"/v1/tasks/{t['id']}").json()["id"] == t["id"]
+    ids = [x["id"] for x in server.get("/v1/tasks", params={"status": "queued"}).json()["tasks"]]
+    assert t["id"] in ids
+    assert server.get("/v1/tasks/nope").status_code == 404
+
+
+def test_idempotent_submit(server):
+    body = {"input": {"prompt": "same"}, "idempotency_key": "k-42"}
+    first, again = server.post("/v1/tasks", json=body), server.post("/v1/tasks", json=body)
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    other = server.post("/v1/tasks", json={**body, "input": {"prompt": "different"}})
+    assert other.status_code == 409
+
+
+def test_lease_long_polls_then_204(server):
+    wid = register(server)
+    drain(server, wid)
+    t0 = time.monotonic()
+    resp = server.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1, "wait_s": 1.0})
+    assert resp.status_code == 204 and 0.9 < time.monotonic() - t0 < 5
+
+
+def test_long_poll_wakes_on_submit(server):
+    wid = register(server)
+    drain(server, wid)
+    import threading
+
+    threading.Timer(0.3, lambda: httpx.post(f"{server.base_url}/v1/tasks",
+                                            json={"input": {"prompt": "late"}})).start()
+    t0 = time.monotonic()
+    resp = server.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1, "wait_s": 10.0})
+    assert resp.status_code == 200 and time.monotonic() - t0 < 3
+    assert resp.json()["leases"][0]["input"] == {"prompt": "late"}
+
+
+def test_full_lifecycle(server):
+    wid = register(server)
+    drain(server, wid)
+    t = server.post("/v1/tasks", json={"input": {"prompt": "life"}}).json()
+    lease = server.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1}).json()["leases"][0]
+    assert lease["task_id"] == t["id"] and lease["attempt"] == 1
+    rep = {"worker_id": wid, "lease_token": lease["lease_token"]}
+    assert server.post(f"/v1/tasks/{t['id']}/report", json={**rep, "status": "processing"}).json()[
+        "status"] == "processing"
+    hb = server.post(f"/v1/workers/{wid}/heartbeat",
+                     json={"status": "occupied", "in_flight": [t["id"]], "timestamp": time.time()})
+    assert t["id"] in hb.json()["renewed"]
+    result = {"uri": "file:///x.png", "content_type": "image/png", "width": 16, "height": 16, "seed": 7,
+              "bytes": 10, "sha256": "00", "timings_ms": {"generate": 1.0}}
+    done = server.post(f"/v1/tasks/{t['id']}/report", json={**rep, "status": "succeeded", "result": result})
+    assert done.status_code == 200 and done.json()["result"]["seed"] == 7
+    workers = {w["id"]: w for w in server.get("/v1/workers").json()}
+    assert workers[wid]["status"] == "occupied" and workers[wid]["world_size"] == 2
+
+
+def test_openapi_is_served(server):
+    paths = server.get("/openapi.json").json()["paths"]
+    assert {"/v1/tasks", "/v1/workers/{worker_id}/lease", "/v1/tasks/{task_id}/report"} <= set(paths)

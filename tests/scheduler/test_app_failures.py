@@ -1,0 +1,86 @@
+"""Refusals over HTTP: stale tokens, unknown workers, auth, backpressure, unsafe binding."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from launch.local import free_port, start_scheduler
+from scheduler.__main__ import main as scheduler_main
+from tests.scheduler.test_app import REG, drain, register, server  # noqa: F401  (fixture)
+
+RESULT = {"uri": "file:///x.png", "content_type": "image/png", "width": 16, "height": 16, "seed": 7,
+          "bytes": 10, "sha256": "00"}
+
+
+def test_stale_lease_token_is_refused(server):  # noqa: F811
+    w1, w2 = register(server), register(server)
+    drain(server, w1)
+    t = server.post("/v1/tasks", json={"input": {"prompt": "stale"}}).json()
+    first = server.post(f"/v1/workers/{w1}/lease", json={"max_tasks": 1}).json()["leases"][0]
+    time.sleep(1.6)  # lease ttl is 1 s: the task goes back to the queue
+    second = server.post(f"/v1/workers/{w2}/lease", json={"max_tasks": 1, "wait_s": 3}).json()["leases"][0]
+    assert second["task_id"] == t["id"] and second["attempt"] == 2
+    late = server.post(f"/v1/tasks/{t['id']}/report",
+                       json={"worker_id": w1, "lease_token": first["lease_token"], "status": "succeeded",
+                             "result": {**RESULT, "uri": "file:///late.png"}})
+    assert late.status_code == 409
+    assert server.get(f"/v1/tasks/{t['id']}").json()["status"] == "leased"
+    ok = server.post(f"/v1/tasks/{t['id']}/report",
+                     json={"worker_id": w2, "lease_token": second["lease_token"], "status": "succeeded",
+                           "result": RESULT})
+    assert ok.status_code == 200 and ok.json()["result"]["uri"] == "file:///x.png"
+
+
+def test_unknown_worker_is_404(server):  # noqa: F811
+    assert server.post("/v1/workers/w-nobody/lease", json={"max_tasks": 1}).status_code == 404
+    assert server.post("/v1/workers/w-nobody/heartbeat",
+                       json={"status": "ready", "timestamp": 0}).status_code == 404
+
+
+def test_malformed_bodies_are_422(server):  # noqa: F811
+    assert server.post("/v1/tasks", json={"input": "not an object"}).status_code == 422
+    assert server.post("/v1/tasks", json={"input": {}, "surprise": 1}).status_code == 422
+    assert server.post("/v1/workers", json={**REG, "world_size": 0}).status_code == 422
+
+
+def test_queue_full_is_429_with_retry_after(server):  # noqa: F811
+    wid = register(server)
+    drain(server, wid)
+    codes = [server.post("/v1/tasks", json={"input": {"prompt": str(i)}}).status_code for i in range(51)]
+    assert codes[:50] == [201] * 50 and codes[50] == 429
+    resp = server.post("/v1/tasks", json={"input": {"prompt": "more"}})
+    assert resp.status_code == 429 and int(resp.headers["Retry-After"]) > 0
+    drain(server, wid)
+
+
+@pytest.fixture
+def authed(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIT_WORKER_TOKENS", "wtok")
+    monkeypatch.setenv("DIT_CLIENT_TOKENS", "ctok1,ctok2")
+    port = free_port()
+    proc = start_scheduler(tmp_path / "a.db", port, tmp_path / "a.log")
+    yield f"http://127.0.0.1:{port}"
+    proc.stop()
+
+
+def test_bearer_tokens_for_clients_and_workers(authed):
+    def post(path, body, token=None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.post(authed + path, json=body, headers=headers, timeout=5).status_code
+
+    assert post("/v1/tasks", {"input": {"prompt": "x"}}) == 401
+    assert post("/v1/tasks", {"input": {"prompt": "x"}}, "wtok") == 401  # a worker token is not a client's
+    assert post("/v1/tasks", {"input": {"prompt": "x"}}, "ctok2") == 201
+    assert post("/v1/workers", REG, "ctok1") == 401
+    assert post("/v1/workers", REG, "wtok") == 201
+    assert httpx.get(authed + "/healthz").status_code == 200
+
+
+def test_refuses_non_loopback_without_tokens(monkeypatch, tmp_path):
+    monkeypatch.delenv("DIT_WORKER_TOKENS", raising=False)
+    monkeypatch.delenv("DIT_CLIENT_TOKENS", raising=False)
+    assert scheduler_main(["--host", "0.0.0.0", "--db", str(tmp_path / "x.db")]) == 2
+    assert not (tmp_path / "x.db").exists()

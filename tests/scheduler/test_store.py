@@ -1,0 +1,191 @@
+"""The store's rules, with a fake clock so lease expiry needs no sleeping."""
+
+import threading
+
+import pytest
+
+from scheduler.protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTask, TaskResult
+from scheduler.store import Conflict, NotFound, TaskStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    s = TaskStore(tmp_path / "s.db", lease_ttl_s=10.0, max_attempts=2, clock=clock)
+    yield s
+    s.close()
+
+
+def worker(store) -> str:
+    return store.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m", version="v"))
+
+
+def submit(store, prompt="p", **kw):
+    return store.submit(SubmitTask(input={"prompt": prompt}, **kw))[0]
+
+
+def ok(token, wid):
+    return Report(worker_id=wid, lease_token=token, status="succeeded",
+                  result=TaskResult(uri="u", content_type="image/png", width=1, height=1, seed=1, bytes=1,
+                                    sha256="s"))
+
+
+def fail(token, wid, retryable):
+    return Report(worker_id=wid, lease_token=token, status="failed",
+                  error=ErrorEnvelope(code="boom", message="it broke", retryable=retryable))
+
+
+def test_claim_by_priority_then_fifo(store):
+    w = worker(store)
+    a, b, c = submit(store, "a"), submit(store, "b", priority=5), submit(store, "c")
+    got = [lease.task_id for lease in store.claim(w, 3)]
+    assert got == [b.id, a.id, c.id]
+    assert store.claim(w, 3) == []
+
+
+def test_claim_sets_token_deadline_and_attempt(store, clock):
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claim(w, 1)
+    assert lease.attempt == 1 and lease.lease_deadline == clock.now + 10.0 and lease.lease_token
+    view = store.get(t.id)
+    assert view.status == "leased" and view.worker_id == w and view.attempts == 1
+
+
+def test_concurrent_claims_never_hand_out_a_task_twice(store):
+    for i in range(60):
+        submit(store, str(i))
+    workers = [worker(store) for _ in range(6)]
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def run(w):
+        while got := store.claim(w, 4):
+            with lock:
+                claimed.extend(lease.task_id for lease in got)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(claimed) == 60 == len(set(claimed))
+
+
+def test_expired_lease_requeues_then_fails_when_attempts_are_used(store, clock):
+    w = worker(store)
+    t = submit(store)
+    store.claim(w, 1)
+    clock.now += 10.5
+    assert store.get(t.id).status == "queued"
+    store.claim(w, 1)
+    clock.now += 10.5
+    view = store.get(t.id)
+    assert view.status == "failed" and view.attempts == 2
+    assert view.error.code == "lease_expired" and "attempt 2 of 2" in view.error.message
+
+
+def test_stale_token_is_refused_and_changes_nothing(store, clock):
+    w1, w2 = worker(store), worker(store)
+    t = submit(store)
+    first, = store.claim(w1, 1)
+    clock.now += 11
+    second, = store.claim(w2, 1)
+    with pytest.raises(Conflict):
+        store.report(t.id, ok(first.lease_token, w1))
+    assert store.get(t.id).status == "leased"
+    assert store.report(t.id, ok(second.lease_token, w2)).status == "succeeded"
+
+
+def test_report_after_success_is_refused(store):
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claim(w, 1)
+    store.report(t.id, ok(lease.lease_token, w))
+    with pytest.raises(Conflict):
+        store.report(t.id, fail(lease.lease_token, w, retryable=True))
+    assert store.get(t.id).status == "succeeded"
+
+
+def test_token_of_another_worker_is_refused(store):
+    w1, w2 = worker(store), worker(store)
+    t = submit(store)
+    lease, = store.claim(w1, 1)
+    with pytest.raises(Conflict):
+        store.report(t.id, ok(lease.lease_token, w2))
+
+
+def test_retryable_failure_requeues_with_last_error(store):
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claim(w, 1)
+    view = store.report(t.id, fail(lease.lease_token, w, retryable=True))
+    assert view.status == "queued" and view.error.code == "boom" and view.error.worker_id == w
+    lease, = store.claim(w, 1)
+    view = store.report(t.id, fail(lease.lease_token, w, retryable=True))
+    assert view.status == "failed" and view.attempts == 2  # capped
+
+
+def test_non_retryable_failure_is_final(store):
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claim(w, 1)
+    assert store.report(t.id, fail(lease.lease_token, w, retryable=False)).status == "failed"
+
+
+def test_processing_and_heartbeat_renew_the_lease(store, clock):
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claim(w, 1)
+    clock.now += 8
+    store.report(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing"))
+    clock.now += 8
+    reply = store.heartbeat(w, Heartbeat(status="occupied", in_flight=[t.id, "gone"], timestamp=0))
+    assert reply.renewed == {t.id: clock.now + 10} and reply.lost == ["gone"]
+    clock.now += 8
+    assert store.get(t.id).status == "processing"  # 24 s after the claim, lease ttl 10 s
+
+
+def test_heartbeat_reports_a_lease_taken_over_as_lost(store, clock):
+    w1, w2 = worker(store), worker(store)
+    t = submit(store)
+    store.claim(w1, 1)
+    clock.now += 11
+    store.claim(w2, 1)
+    assert store.heartbeat(w1, Heartbeat(status="occupied", in_flight=[t.id], timestamp=0)).lost == [t.id]
+
+
+def test_unknown_worker_and_task(store):
+    with pytest.raises(NotFound):
+        store.claim("w-nobody", 1)
+    with pytest.raises(NotFound):
+        store.get("nope")
+
+
+def test_idempotency_key_replays_and_conflicts(store):
+    a = submit(store, "x", idempotency_key="k1")
+    again, created = store.submit(SubmitTask(input={"prompt": "x"}, idempotency_key="k1"))
+    assert again.id == a.id and not created
+    with pytest.raises(Conflict):
+        store.submit(SubmitTask(input={"prompt": "other"}, idempotency_key="k1"))
+
+
+def test_state_survives_reopening(tmp_path, clock):
+    s = TaskStore(tmp_path / "d.db", clock=clock)
+    t = s.submit(SubmitTask(input={"prompt": "p"}))[0]
+    s.close()
+    s2 = TaskStore(tmp_path / "d.db", clock=clock)
+    assert s2.get(t.id).status == "queued"
+    s2.close()
