@@ -68,20 +68,20 @@ class HeartbeatThread(threading.Thread):
         self.worker_id = worker_id
         self._state = state
         self._interval = interval_s
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.beats = 0
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self._state.changed.set()
 
     def run(self) -> None:
         next_beat = 0.0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             # Wake at the interval or at once on a status change, whichever comes first.
             self._state.changed.wait(timeout=max(0.0, next_beat - time.monotonic()))
             self._state.changed.clear()
-            if self._stop.is_set():
+            if self._halt.is_set():
                 break
             self.beat()
             next_beat = time.monotonic() + self._interval

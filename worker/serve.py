@@ -10,8 +10,8 @@ exits (see worker.distributed).
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import random
 import socket
 import threading
 import time
@@ -32,7 +32,12 @@ from worker.validation import InvalidRequest, Job, validate_task
 
 log = logging.getLogger(__name__)
 
-SEED_RANGE = 2**32  # drawn seeds fit every common RNG; clients may send up to 2**63 - 1
+
+def default_seed(task_id: str) -> int:
+    """The seed of a task that names none: derived from the task id, so every attempt of a task
+    draws the same image and a late attempt overwriting the object writes the same bytes.
+    32 bits fit every common RNG; clients may send seeds up to 2**63 - 1."""
+    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:4], "big")
 
 
 class FatalQueueError(RuntimeError):
@@ -156,7 +161,7 @@ class Coordinator:
             return None
         # Text safety check goes here, before any GPU work (content-safety issue).
         if job.seed is None:
-            job = job.model_copy(update={"seed": random.SystemRandom().randrange(SEED_RANGE)})
+            job = job.model_copy(update={"seed": default_seed(job.task_id)})
         try:
             self._report(lease, "processing")
         except (LeaseLost, QueueError) as e:
@@ -172,6 +177,11 @@ class Coordinator:
         try:
             if out.errors:
                 self._fail(lease, "generation_failed", "; ".join(out.errors), retryable=True)
+                return
+            if self.state.is_lost(job.task_id):  # a newer attempt owns the task and its object
+                log.warning("task %s: lease lost during generation; result discarded", job.task_id)
+                self.handled.lost += 1
+                self.state.end(job.task_id)
                 return
             # Image safety check goes here, before anything is stored (content-safety issue).
             t0 = time.perf_counter()

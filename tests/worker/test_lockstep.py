@@ -1,0 +1,54 @@
+"""Lockstep generation in a one-rank gloo group: outcome agreement and failure capture."""
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from worker.config import DistributedConfig
+from worker.distributed import DistContext, init_distributed
+from worker.lockstep import generate
+from worker.validation import Job
+
+JOB = Job(task_id="t", prompt="p", width=64, height=64, steps=1, seed=3, output_format="png")
+
+
+@pytest.fixture(scope="module")
+def ctx(monkeypatch_module):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        monkeypatch_module.delenv(var, raising=False)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    ctx = init_distributed(DistributedConfig(backend="gloo"), "cpu")
+    yield ctx
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+class FakeEngine:
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.fail = fail
+
+    def generate(self, job: Job) -> np.ndarray:
+        if self.fail:
+            raise self.fail
+        return np.full((job.height, job.width, 3), job.seed, np.uint8)
+
+
+def test_single_process_group(ctx: DistContext):
+    assert (ctx.rank, ctx.world_size, ctx.backend, ctx.is_coordinator) == (0, 1, "gloo", True)
+
+
+def test_success_returns_the_image(ctx):
+    out = generate(FakeEngine(), JOB, ctx)
+    assert out.errors == [] and out.image.shape == (64, 64, 3)
+
+
+def test_a_failing_rank_is_reported_not_raised(ctx):
+    out = generate(FakeEngine(RuntimeError("CUDA out of memory")), JOB, ctx)
+    assert out.image is None and out.errors == ["rank 0: RuntimeError: CUDA out of memory"]
