@@ -1,7 +1,7 @@
 """Running the scheduler and a torchrun worker as real local processes: for the demo and the tests.
 
-Every process starts in its own session so that it, and all its children (torchrun's ranks), can be
-stopped or killed as a group.
+A graceful stop signals only the process we started: torchrun forwards SIGTERM to each rank once.
+A kill must reach every descendant, because torchrun starts each rank in a session of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,8 +46,11 @@ class Proc:
         return self.popen.poll() is None
 
     def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM the group (the worker drains), SIGKILL what is left after `timeout`."""
-        self._signal(signal.SIGTERM)
+        """SIGTERM (the worker drains), SIGKILL to everything left after `timeout`."""
+        try:
+            self.popen.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         try:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -55,7 +59,17 @@ class Proc:
             self._log.close()
 
     def kill(self) -> int:
-        self._signal(signal.SIGKILL)
+        """SIGKILL to the process and all its descendants: no drain, no report."""
+        try:
+            procs = [psutil.Process(self.pid), *psutil.Process(self.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
         rc = self.popen.wait(10)
         self._log.close()
         return rc
@@ -65,12 +79,6 @@ class Proc:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-    def _signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def start_scheduler(db: Path, port: int, log_path: Path, lease_ttl: float = 15.0,

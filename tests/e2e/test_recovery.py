@@ -1,0 +1,101 @@
+"""Failure paths with real processes: killed workers, crashed ranks, a crashed scheduler."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from launch.local import Proc
+
+
+def wait_for(predicate, timeout: float, what: str, proc: Proc | None = None):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and not proc.alive():
+            raise AssertionError(f"worker exited while waiting for {what}:\n{proc.output()[-4000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def ready_worker(stack, proc: Proc, known: int = 0) -> dict:
+    """Waits until a worker beyond the first `known` registrations reports ready."""
+    def find():
+        fresh = stack.registered()[known:]
+        return next((w for w in fresh if w["status"] == "ready"), None)
+
+    return wait_for(find, 120, "a ready worker", proc)
+
+
+def rank_pid(torchrun: Proc, rank: int) -> int:
+    for child in psutil.Process(torchrun.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank):
+                return child.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no process for rank {rank}")
+
+
+def test_task_of_a_killed_worker_is_completed_once_by_a_restarted_worker(make_stack):
+    stack = make_stack(lease_ttl=3.0)
+    # 1024x1024 takes a few seconds on the tiny model: long enough to kill the worker mid-task.
+    task = stack.client.submit({"prompt": "a slow one", "width": 1024, "height": 1024})
+    first = stack.worker(nproc=2)
+    wait_for(lambda: stack.client.task(task["id"])["status"] == "processing", 120, "processing", first)
+    first_id = stack.client.task(task["id"])["worker_id"]
+    first.kill()  # SIGKILL to torchrun and both ranks: no drain, no report
+    assert stack.client.task(task["id"])["status"] == "processing"
+
+    second = stack.worker(nproc=2)
+    done = stack.client.wait([task["id"]], 120, proc=second)[task["id"]]
+    assert done["status"] == "succeeded" and done["attempts"] == 2
+    assert done["worker_id"] != first_id
+    objects = stack.objects()
+    assert [p.name for p in objects] == [f"{task['id']}.png"]  # exactly once in the store
+
+
+def test_a_crashed_rank_restarts_the_group_which_serves_again(make_stack):
+    stack = make_stack()
+    proc = stack.worker(nproc=2, max_restarts=1)
+    ready_worker(stack, proc)
+    psutil.Process(rank_pid(proc, 1)).kill()
+    # Rank 0 fails in its next collective and exits; torchrun restarts both ranks, which register anew.
+    ready_worker(stack, proc, known=1)
+    task = stack.client.submit({"prompt": "after the crash"})
+    assert stack.client.wait([task["id"]], 60, proc=proc)[task["id"]]["status"] == "succeeded"
+    assert "exiting so the group is restarted" in proc.output()
+
+
+def test_without_restarts_a_crashed_rank_ends_the_worker_non_zero(make_stack):
+    stack = make_stack()
+    proc = stack.worker(nproc=2, max_restarts=0)
+    ready_worker(stack, proc)
+    psutil.Process(rank_pid(proc, 1)).kill()
+    assert proc.wait(90) != 0
+
+
+def test_worker_survives_a_scheduler_crash(make_stack):
+    stack = make_stack()
+    proc = stack.worker(nproc=2)
+    worker = ready_worker(stack, proc)
+    stack.scheduler.kill()
+    time.sleep(5)  # longer than the tiny config's lease wait and idle backoff
+    assert proc.alive()
+    stack.scheduler = stack.start_scheduler()  # same port, same database
+    task = stack.client.submit({"prompt": "after the outage"})
+    done = stack.client.wait([task["id"]], 60, proc=proc)[task["id"]]
+    assert done["status"] == "succeeded" and done["worker_id"] == worker["id"]
+
+
+def test_sigterm_drains_and_exits(make_stack):
+    stack = make_stack()
+    proc = stack.worker(nproc=2)
+    ready_worker(stack, proc)
+    proc.stop(timeout=30)
+    out = proc.output()
+    assert "draining" in out and "follower stopped: drained" in out
+    assert stack.registered()[0]["status"] == "draining"
