@@ -63,6 +63,7 @@ class Coordinator:
         self.state = WorkerState()
         self.handled = Handled()
         self.worker_id = ""
+        self._devices: list[DeviceInfo] = []
         self._heartbeat: HeartbeatThread | None = None
         self._backlog: deque[Lease] = deque()  # leased, not yet admitted
         self._leases: dict[str, Lease] = {}  # admitted, not yet finally reported
@@ -72,6 +73,7 @@ class Coordinator:
     # ------------------------------------------------------------ lifecycle
 
     def register(self, devices: list[DeviceInfo]) -> None:
+        self._devices = devices  # kept for re-registering if the scheduler forgets this worker
         info = RegisterWorker(hostname=socket.gethostname(), world_size=self.ctx.world_size,
                               devices=devices, model=self.cfg.model.name, version=_version())
         try:
@@ -128,7 +130,7 @@ class Coordinator:
     def _lease(self) -> list[Lease]:
         if self.state.worker_unknown.is_set():
             self.state.worker_unknown.clear()
-            self.register(devices=[])
+            self.register(self._devices)
         try:
             leases = self.client.lease(self.worker_id, self.cfg.queue.max_tasks, self.cfg.queue.lease_wait_s)
         except NotFound:
@@ -164,7 +166,7 @@ class Coordinator:
             job = job.model_copy(update={"seed": default_seed(job.task_id)})
         try:
             self._report(lease, "processing")
-        except (LeaseLost, QueueError) as e:
+        except QueueError as e:  # lease lost (409) or the report could not be delivered
             log.warning("task %s dropped before generation: %s", lease.task_id, e)
             self.state.end(lease.task_id)
             return None
