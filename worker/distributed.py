@@ -57,14 +57,31 @@ def init_distributed(cfg: DistributedConfig, device_pref: str) -> DistContext:
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init_process_group: NCCL binds to the current device
-    kwargs: dict[str, Any] = dict(backend=backend, timeout=timedelta(seconds=cfg.load_timeout_s))
+    timeout = timedelta(seconds=cfg.load_timeout_s)
+    kwargs: dict[str, Any] = dict(backend=backend, timeout=timeout, rank=rank, world_size=world)
     if world == 1 and "MASTER_ADDR" not in os.environ:
-        kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+        kwargs["store"] = dist.HashStore()
+    else:
+        kwargs["store"] = _attempt_store(rank, world, timeout)
     if backend == "nccl":
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
     log.info("rank %d/%d on %s (%s)", rank, world, device, backend)
     return DistContext(rank, world, local_rank, device, backend)
+
+
+def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The rendezvous store, with a prefix per torchrun restart.
+
+    torchrun (2.13, --standalone) keeps one agent store across restarts of the group. Without a
+    prefix, a restarted group reads the dead group's gloo/NCCL addresses from it and fails or hangs
+    while connecting, so a crashed rank would take the node down instead of being restarted.
+    """
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                         is_master=not agent_hosts_store and rank == 0, timeout=timeout, multi_tenant=True)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"dit-worker/attempt-{attempt}", base)
 
 
 def enter_serving(ctx: DistContext, cfg: DistributedConfig) -> None:

@@ -28,8 +28,11 @@ class Engine:
     def load(cls, cfg: ModelConfig, device: torch.device) -> "Engine":
         from diffusers import FluxPipeline  # heavy import, kept out of module import time
         from diffusers.utils import logging as dlog
+        from transformers.utils import logging as tlog
 
+        # Progress bars would flood the worker's logs, once per component and rank.
         dlog.disable_progress_bar()
+        tlog.disable_progress_bar()
         t0 = time.perf_counter()
         pipe = FluxPipeline.from_pretrained(cfg.source, revision=cfg.revision, dtype=getattr(torch, cfg.dtype))
         pipe.to(device)
