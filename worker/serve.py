@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from importlib import metadata
 
 from scheduler.protocol import DeviceInfo, ErrorEnvelope, Lease, RegisterWorker, Report, TaskResult
@@ -44,16 +43,6 @@ class FatalQueueError(RuntimeError):
     """The scheduler refuses this worker (auth); serving cannot go on."""
 
 
-@dataclass
-class Handled:
-    """Counters for logs and tests: what this worker did since start."""
-
-    succeeded: int = 0
-    failed: int = 0
-    lost: int = 0
-    by_code: dict[str, int] = field(default_factory=dict)
-
-
 class Coordinator:
     def __init__(self, cfg: WorkerConfig, ctx: DistContext, client: QueueClient, store: Store) -> None:
         self.cfg = cfg
@@ -61,7 +50,6 @@ class Coordinator:
         self.client = client
         self.store = store
         self.state = WorkerState()
-        self.handled = Handled()
         self.worker_id = ""
         self._devices: list[DeviceInfo] = []
         self._heartbeat: HeartbeatThread | None = None
@@ -182,7 +170,6 @@ class Coordinator:
                 return
             if self.state.is_lost(job.task_id):  # a newer attempt owns the task and its object
                 log.warning("task %s: lease lost during generation; result discarded", job.task_id)
-                self.handled.lost += 1
                 self.state.end(job.task_id)
                 return
             # Image safety check goes here, before anything is stored (content-safety issue).
@@ -207,7 +194,6 @@ class Coordinator:
 
     def _fail(self, lease: Lease, code: str, message: str, *, retryable: bool) -> None:
         log.info("task %s failed: %s: %s", lease.task_id, code, message)
-        self.handled.by_code[code] = self.handled.by_code.get(code, 0) + 1
         error = ErrorEnvelope(code=code, message=message, retryable=retryable, worker_id=self.worker_id)
         self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
                                     status="failed", error=error))
@@ -218,17 +204,12 @@ class Coordinator:
         try:
             self.client.report(lease.task_id, rep, deadline_s=self.cfg.queue.report_deadline_s)
         except LeaseLost as e:
-            self.handled.lost += 1
             log.warning("task %s: lease lost, result not reported: %s", lease.task_id, e)
         except QueueError as e:
-            self.handled.lost += 1
             log.error("task %s: report undeliverable, lease will expire: %s", lease.task_id, e)
         else:
             if rep.status == "succeeded":
-                self.handled.succeeded += 1
                 log.info("task %s succeeded: %s", lease.task_id, rep.result.uri)
-            else:
-                self.handled.failed += 1
         finally:
             self.state.end(lease.task_id)
 
