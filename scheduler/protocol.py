@@ -41,6 +41,8 @@ class ErrorEnvelope(_Strict):
     message: str = Field(max_length=4000)
     retryable: bool
     worker_id: str | None = None
+    # Machine-readable specifics, e.g. the safety category and score of an unsafe_prompt.
+    details: dict[str, Any] | None = None
 
 
 class TaskResult(BaseModel):
@@ -109,6 +111,8 @@ class WorkerView(_Strict):
     version: str
     status: WorkerStatus
     in_flight: list[str]
+    warnings: list[str] = Field([], description="e.g. a safety check switched off by config")
+    counters: dict[str, int] = Field({}, description="totals since the worker started")
     registered_at: float
     last_heartbeat: float | None
 
@@ -135,6 +139,8 @@ class Heartbeat(_Strict):
     status: WorkerStatus
     in_flight: list[str] = []
     timestamp: float
+    warnings: list[str] = []
+    counters: dict[str, int] = {}
 
 
 class HeartbeatReply(_Strict):

@@ -58,9 +58,16 @@ CREATE TABLE IF NOT EXISTS workers (
     status TEXT NOT NULL,
     in_flight TEXT NOT NULL DEFAULT '[]',
     registered_at REAL NOT NULL,
-    last_heartbeat REAL
+    last_heartbeat REAL,
+    warnings TEXT NOT NULL DEFAULT '[]',
+    counters TEXT NOT NULL DEFAULT '{}'
 );
 """
+
+# Columns added after the first release, with their definitions: added to older databases at open.
+MIGRATIONS = {
+    "workers": {"warnings": "TEXT NOT NULL DEFAULT '[]'", "counters": "TEXT NOT NULL DEFAULT '{}'"},
+}
 
 LEASED = ("leased", "processing")
 
@@ -93,6 +100,7 @@ class TaskStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(SCHEMA)
+        _migrate(self._db)
 
     def close(self) -> None:
         with self._lock:
@@ -198,8 +206,10 @@ class TaskStore:
             _require_worker(db, worker_id)
             self._sweep(db)
             db.execute(
-                "UPDATE workers SET status = ?, in_flight = ?, last_heartbeat = ? WHERE id = ?",
-                (hb.status, json.dumps(hb.in_flight), now, worker_id),
+                "UPDATE workers SET status = ?, in_flight = ?, last_heartbeat = ?, warnings = ?,"
+                " counters = ? WHERE id = ?",
+                (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
+                 worker_id),
             )
             renewed, lost = {}, []
             for task_id in hb.in_flight:
@@ -287,6 +297,14 @@ def _get(db: sqlite3.Connection, task_id: str) -> sqlite3.Row:
     return row
 
 
+def _migrate(db: sqlite3.Connection) -> None:
+    for table, columns in MIGRATIONS.items():
+        have = {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}
+        for name, definition in columns.items():
+            if name not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+
+
 def _require_worker(db: sqlite3.Connection, worker_id: str) -> None:
     if db.execute("SELECT 1 FROM workers WHERE id = ?", (worker_id,)).fetchone() is None:
         raise NotFound(f"no worker {worker_id}; register first")
@@ -307,4 +325,5 @@ def _task_view(row: sqlite3.Row) -> TaskView:
 def _worker_view(row: sqlite3.Row) -> WorkerView:
     info = json.loads(row["info"])
     return WorkerView(id=row["id"], status=row["status"], in_flight=json.loads(row["in_flight"]),
+                      warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
                       registered_at=row["registered_at"], last_heartbeat=row["last_heartbeat"], **info)

@@ -189,3 +189,37 @@ def test_state_survives_reopening(tmp_path, clock):
     s2 = TaskStore(tmp_path / "d.db", clock=clock)
     assert s2.get(t.id).status == "queued"
     s2.close()
+
+
+def test_heartbeat_records_warnings_and_counters(store):
+    wid = worker(store)
+    store.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, warnings=["safety.image off"],
+                                   counters={"images_generated": 3}))
+    w = store.workers()[0]
+    assert w.warnings == ["safety.image off"] and w.counters == {"images_generated": 3}
+
+
+def test_error_details_are_kept(store):
+    wid = worker(store)
+    t = submit(store)
+    lease = store.claim(wid, 1)[0]
+    err = ErrorEnvelope(code="unsafe_prompt", message="m", retryable=False, details={"category": "insult"})
+    store.report(t.id, Report(worker_id=wid, lease_token=lease.lease_token, status="failed", error=err))
+    assert store.get(t.id).error.details == {"category": "insult"}
+
+
+def test_a_database_from_before_the_worker_columns_is_migrated(tmp_path, clock):
+    import sqlite3
+
+    from scheduler import store as store_module
+
+    old = store_module.SCHEMA.replace(",\n    warnings TEXT NOT NULL DEFAULT '[]',\n    counters TEXT NOT NULL DEFAULT '{}'", "")
+    assert "warnings" not in old
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.executescript(old)
+    db.close()
+    s = TaskStore(tmp_path / "old.db", clock=clock)
+    wid = worker(s)
+    s.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, counters={"n": 1}))
+    assert s.workers()[0].counters == {"n": 1}
+    s.close()
