@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,6 +16,14 @@ from worker.config import ModelConfig
 from worker.validation import Job
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Picture:
+    pixels: np.ndarray  # HxWx3 uint8 RGB
+    # Values that were NaN or inf before the cast to 8 bits, which hides them: a corrupted device
+    # context or an overflowing dtype. The quality check refuses such an image.
+    nonfinite: int = 0
 
 
 class Engine:
@@ -41,8 +50,8 @@ class Engine:
         return cls(pipe, cfg, device)
 
     @torch.inference_mode()
-    def generate(self, job: Job) -> np.ndarray:
-        """Returns the image as HxWx3 uint8. Same (prompt, seed, size, steps) -> same pixels."""
+    def generate(self, job: Job) -> Picture:
+        """Same (prompt, seed, size, steps) -> same pixels."""
         if job.seed is None:
             raise ValueError("job has no seed; rank 0 draws one before the broadcast")
         # A CPU generator draws the same noise on every device and every rank count.
@@ -58,5 +67,13 @@ class Engine:
             output_type="np",
         ).images[0]
         self.generations += 1
-        # The same rounding as diffusers' numpy_to_pil.
-        return (np.clip(out, 0.0, 1.0) * 255).round().astype(np.uint8)
+        return to_picture(out)
+
+
+def to_picture(out: np.ndarray) -> Picture:
+    """Float HxWx3 in [0, 1] -> 8 bits, with the same rounding as diffusers' numpy_to_pil."""
+    finite = np.isfinite(out)
+    nonfinite = int(out.size - np.count_nonzero(finite))
+    if nonfinite:
+        out = np.where(finite, out, 0.0)  # the cast of NaN is undefined; make it defined, then flag it
+    return Picture((np.clip(out, 0.0, 1.0) * 255).round().astype(np.uint8), nonfinite)

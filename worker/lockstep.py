@@ -43,18 +43,21 @@ class Outcome:
     image: np.ndarray | None  # this rank's image; None if this rank failed
     errors: list[str]  # one entry per failed rank, empty when all succeeded
     seconds: float
+    nonfinite: int = 0  # see engine.Picture
 
 
 def generate(engine: Engine, job: Job, ctx: DistContext, group=None) -> Outcome:
     t0 = time.perf_counter()
-    image, error = None, None
+    picture, error = None, None
     try:
-        image = engine.generate(job)
+        picture = engine.generate(job)
     except Exception as e:  # any device or model error: report it, keep the ranks in step
         log.exception("generation failed for task %s", job.task_id)
         error = f"rank {ctx.rank}: {type(e).__name__}: {e}"
     errors = [e for e in all_gather(error, ctx, group) if e is not None]
-    return Outcome(image if not errors else None, errors, time.perf_counter() - t0)
+    if errors:
+        return Outcome(None, errors, time.perf_counter() - t0)
+    return Outcome(picture.pixels, errors, time.perf_counter() - t0, picture.nonfinite)
 
 
 def follow(engine: Engine, ctx: DistContext) -> str:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from worker.config import ModelConfig
-from worker.engine import Engine
+from worker.engine import Engine, to_picture
 from worker.validation import Job
 
 
@@ -22,17 +22,24 @@ def job(**kw):
 
 
 def test_image_has_the_requested_size_and_dtype(engine):
-    img = engine.generate(job(width=192, height=64))
-    assert img.shape == (64, 192, 3) and img.dtype == np.uint8
+    pic = engine.generate(job(width=192, height=64))
+    assert pic.pixels.shape == (64, 192, 3) and pic.pixels.dtype == np.uint8 and pic.nonfinite == 0
 
 
 def test_same_seed_same_pixels_other_seed_other_pixels(engine):
-    a, b, c = engine.generate(job()), engine.generate(job()), engine.generate(job(seed=2))
+    a, b, c = (engine.generate(j).pixels for j in (job(), job(), job(seed=2)))
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
 def test_prompt_changes_the_image(engine):
-    assert not np.array_equal(engine.generate(job()), engine.generate(job(prompt="a blue whale")))
+    assert not np.array_equal(engine.generate(job()).pixels, engine.generate(job(prompt="a blue whale")).pixels)
+
+
+def test_nonfinite_values_are_counted_not_hidden_by_the_cast():
+    out = np.full((4, 4, 3), 0.5, np.float32)
+    out[0, 0, 0], out[1, 1, 1] = np.nan, np.inf
+    pic = to_picture(out)
+    assert pic.nonfinite == 2 and pic.pixels[0, 0, 0] == 0 and pic.pixels[2, 2, 2] == 128
 
 
 def test_a_job_without_seed_is_refused(engine):

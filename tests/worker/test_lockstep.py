@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 from worker.config import DistributedConfig
 from worker.distributed import DistContext, init_distributed
+from worker.engine import Picture
 from worker.lockstep import generate
 from worker.validation import Job
 
@@ -34,10 +35,10 @@ class FakeEngine:
     def __init__(self, fail: Exception | None = None) -> None:
         self.fail = fail
 
-    def generate(self, job: Job) -> np.ndarray:
+    def generate(self, job: Job) -> Picture:
         if self.fail:
             raise self.fail
-        return np.full((job.height, job.width, 3), job.seed, np.uint8)
+        return Picture(np.full((job.height, job.width, 3), job.seed, np.uint8))
 
 
 def test_single_process_group(ctx: DistContext):
