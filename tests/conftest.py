@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny model (built once per run) and a stack of real local processes."""
+"""Shared fixtures: the tiny models (built once per run) and a stack of real local processes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,24 @@ def tiny_model(tmp_path_factory) -> Path:
     from worker.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-flux")
+
+
+@pytest.fixture(scope="session")
+def detoxify_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight detoxify checkpoint with its HF config and tokenizer, built offline."""
+    from safety.random_models import make_detoxify_checkpoint
+
+    out = tmp_path_factory.mktemp("detoxify")
+    make_detoxify_checkpoint(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vit_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight ViT image classifier (labels normal, nsfw) saved with save_pretrained."""
+    from safety.random_models import make_vit_classifier
+
+    return make_vit_classifier(tmp_path_factory.mktemp("vit") / "nsfw-vit")
 
 
 class Stack:
@@ -37,7 +55,7 @@ class Stack:
 
     def worker(self, nproc: int = 2, overrides: list[str] = (), max_restarts: int = 0) -> Proc:
         ov = [f"queue.url={self.url}", f"storage.local.root={self.images}", f"model.source={self.model}",
-              "queue.heartbeat_interval_s=1.0", *overrides]
+              "queue.heartbeat_interval_s=1.0", "safety.text.backend=profanity", *overrides]
         proc = start_worker(TINY_CONFIG, nproc, self.tmp / f"worker{len(self.workers)}.log", ov,
                             max_restarts=max_restarts)
         self.workers.append(proc)

@@ -1,0 +1,139 @@
+"""The `[safety]` section of the worker's config (part of worker.config's one typed tree).
+
+Every check is on unless switched off by an explicit key (`backend = "off"`, `quality.enabled =
+false`); a worker with a check off logs a warning at start and reports it in every heartbeat.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# The categories every detoxify model (original, unbiased, multilingual) scores. The unbiased and
+# multilingual models add `sexual_explicit`; unbiased also scores identity mentions, which are not
+# harms and have no threshold by default.
+DETOXIFY_THRESHOLDS = {
+    "toxicity": 0.8,
+    "severe_toxicity": 0.5,
+    "obscene": 0.8,
+    "threat": 0.7,
+    "insult": 0.8,
+    "identity_attack": 0.7,
+}
+
+# NudeNet detects 18 body-part labels and defines no "explicit" subset; this is the policy's.
+NUDENET_EXPLICIT = (
+    "FEMALE_GENITALIA_EXPOSED",
+    "MALE_GENITALIA_EXPOSED",
+    "FEMALE_BREAST_EXPOSED",
+    "BUTTOCKS_EXPOSED",
+    "ANUS_EXPOSED",
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class CustomConfig(_Section):
+    """A backend of your own: `factory` is "module:callable", called with `options` as keywords."""
+
+    factory: str = Field(pattern=r"^[\w.]+:\w+$")
+    options: dict[str, str | int | float | bool] = {}
+
+
+class DetoxifyConfig(_Section):
+    model_type: Literal["original", "unbiased", "multilingual", "original-small", "unbiased-small"] = "original"
+    # A local .ckpt file. Unset: detoxify downloads the released checkpoint (needs the network).
+    checkpoint: str | None = None
+    # Local directory with the model's config.json and tokenizer files, for fully offline loading.
+    huggingface_config_path: str | None = None
+    thresholds: dict[str, float] = Field(default_factory=lambda: dict(DETOXIFY_THRESHOLDS))
+
+    @model_validator(mode="after")
+    def _thresholds_in_range(self) -> "DetoxifyConfig":
+        if not self.thresholds:
+            raise ValueError("thresholds: name at least one category, or switch the text check off")
+        for name, value in self.thresholds.items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"thresholds.{name}: must lie within [0, 1]")
+        return self
+
+
+class ProfanityConfig(_Section):
+    threshold: float = Field(0.9, ge=0.0, le=1.0)
+
+
+class TextCheckConfig(_Section):
+    # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise alt-profanity-check
+    # (its model ships in its wheel), with the choice logged at start.
+    backend: Literal["detoxify", "profanity", "auto", "custom", "off"] = "detoxify"
+    device: str = "cpu"
+    detoxify: DetoxifyConfig = DetoxifyConfig()
+    profanity: ProfanityConfig = ProfanityConfig()
+    custom: CustomConfig | None = None
+
+
+class NudeNetConfig(_Section):
+    labels: tuple[str, ...] = NUDENET_EXPLICIT
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    model_path: str | None = Field(None, description="an ONNX detector; unset: the one in the wheel")
+
+
+class HFClassifierConfig(_Section):
+    model: str = Field("Falconsai/nsfw_image_detection", description="Hub id or local directory")
+    revision: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # Labels whose probability counts against an image; each must be one of the model's labels.
+    flag_labels: tuple[str, ...] = ("nsfw",)
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    batch_size: int = Field(8, ge=1, le=256)
+
+
+class ImageCheckConfig(_Section):
+    backend: Literal["nudenet", "hf", "custom", "off"] = "nudenet"
+    device: str = "cpu"
+    nudenet: NudeNetConfig = NudeNetConfig()
+    hf: HFClassifierConfig = HFClassifierConfig()
+    custom: CustomConfig | None = None
+
+
+class QualityCheckConfig(_Section):
+    """Catches solid-colour and NaN-derived outputs, the signs of a corrupted device context."""
+
+    enabled: bool = True
+    # Largest per-channel standard deviation (0-255 scale) below which an image is "solid".
+    min_std: float = Field(2.0, ge=0.0)
+    # This many corrupt outputs in a row and the worker exits for its supervisor to restart it.
+    max_consecutive: int = Field(3, ge=1)
+
+
+class SafetyConfig(_Section):
+    text: TextCheckConfig = TextCheckConfig()
+    image: ImageCheckConfig = ImageCheckConfig()
+    quality: QualityCheckConfig = QualityCheckConfig()
+    # A check that takes longer fails its task as retryable; the image is not delivered.
+    timeout_s: float = Field(10.0, gt=0)
+    # Checks that raise or time out this many times in a row make the worker exit (restart).
+    max_consecutive_errors: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _custom_has_factory(self) -> "SafetyConfig":
+        for name in ("text", "image"):
+            sec = getattr(self, name)
+            if sec.backend == "custom" and sec.custom is None:
+                raise ValueError(f"{name}.custom: backend 'custom' needs a [safety.{name}.custom] factory")
+        return self
+
+    def disabled(self) -> list[str]:
+        """The checks switched off by config, as warnings for the log and the heartbeat."""
+        out = []
+        if self.text.backend == "off":
+            out.append('safety.text.backend = "off": prompts are not checked')
+        if self.image.backend == "off":
+            out.append('safety.image.backend = "off": images are not checked')
+        if not self.quality.enabled:
+            out.append("safety.quality.enabled = false: corrupt outputs are not caught")
+        return out
+

@@ -1,0 +1,140 @@
+"""Rank 0's safety checks as one object: load and self-test, bounded calls, health.
+
+Fail closed: a check that cannot load stops start-up (SafetyLoadError); a check that raises or
+runs past `timeout_s` raises CheckFailed, which fails the task as retryable. Only an explicit config
+key switches a check off, and that is logged here and reported in every heartbeat.
+Runs of failures point at a broken device or model rather than at one task: `unhealthy()` says so,
+and the worker exits for its supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+
+from safety import quality
+from safety.config import SafetyConfig
+from safety.image import build_image_check
+from safety.text import build_text_check
+from safety.verdicts import CheckFailed, SafetyLoadError, Verdict
+
+log = logging.getLogger(__name__)
+
+SELF_TEST_PROMPT = "a lighthouse on a cliff at dawn"
+
+
+class Guard:
+    def __init__(self, cfg: SafetyConfig, text_check, image_check) -> None:
+        self.cfg = cfg
+        self.text_check = text_check  # None: switched off by config
+        self.image_check = image_check
+        self.warnings = cfg.disabled()
+        self._errors = 0  # checks that raised or timed out, in a row
+        self._corrupt = 0  # corrupt outputs, in a row
+        self._lanes: dict[str, _Lane] = {}
+
+    @classmethod
+    def load(cls, cfg: SafetyConfig) -> "Guard":
+        t0 = time.perf_counter()
+        guard = cls(cfg, build_text_check(cfg.text), build_image_check(cfg.image))
+        guard.self_test()
+        for warning in guard.warnings:
+            log.warning("SAFETY CHECK OFF: %s", warning)
+        log.info("safety checks: %s (loaded and self-tested in %.1fs)", guard.describe(),
+                 time.perf_counter() - t0)
+        return guard
+
+    def describe(self) -> str:
+        q = self.cfg.quality
+        return ", ".join([
+            f"text={self.text_check.name if self.text_check else 'OFF'}",
+            f"image={self.image_check.name if self.image_check else 'OFF'}",
+            f"quality={'min_std ' + str(q.min_std) if q.enabled else 'OFF'}",
+        ])
+
+    def self_test(self) -> None:
+        """One call of each check on neutral input: a model that loads but cannot run (wrong
+        processor, missing kernels, bad custom backend) must stop start-up, not fail every task."""
+        grey = np.full((64, 64, 3), 128, np.uint8)
+        try:
+            self.screen_prompt(SELF_TEST_PROMPT)
+            self.screen_image(grey)
+        except CheckFailed as e:
+            raise SafetyLoadError(f"safety self-test failed: {e}") from e
+
+    # ------------------------------------------------------------ per task
+
+    def screen_prompt(self, prompt: str) -> Verdict | None:
+        """None when the text check is off. Raises CheckFailed."""
+        if self.text_check is None:
+            return None
+        return self._bounded("text", self.text_check.check, [prompt])[0]
+
+    def screen_image(self, pixels: np.ndarray) -> Verdict | None:
+        """None when the image check is off. Raises CheckFailed."""
+        if self.image_check is None:
+            return None
+        return self._bounded("image", self.image_check.check, [pixels])[0]
+
+    def inspect(self, pixels: np.ndarray, nonfinite: int) -> quality.Quality:
+        q = self.cfg.quality
+        if not q.enabled:
+            return quality.Quality(True, None, float("nan"))
+        verdict = quality.inspect(pixels, nonfinite, q.min_std)
+        self._corrupt = 0 if verdict.ok else self._corrupt + 1
+        return verdict
+
+    def unhealthy(self) -> str | None:
+        if self._corrupt >= self.cfg.quality.max_consecutive:
+            return f"{self._corrupt} corrupt outputs in a row"
+        if self._errors >= self.cfg.max_consecutive_errors:
+            return f"{self._errors} safety check failures in a row"
+        return None
+
+    def _bounded(self, what: str, fn, items: list) -> list[Verdict]:
+        """Runs one check on its lane's thread so that a hung model cannot hang rank 0 (or keep the
+        process from exiting); a timed-out call is abandoned with its thread, not interrupted."""
+        lane = self._lanes.get(what) or self._lanes.setdefault(what, _Lane(f"safety-{what}"))
+        box, done = lane.submit(fn, items)
+        if not done.wait(self.cfg.timeout_s):
+            del self._lanes[what]  # the next call gets a fresh thread
+            self._errors += 1
+            raise CheckFailed(f"{what} check timed out after {self.cfg.timeout_s:.1f}s")
+        if "error" in box:
+            self._errors += 1
+            err = box["error"]
+            raise CheckFailed(f"{what} check raised {type(err).__name__}: {err}") from err
+        value = box["value"]
+        if not isinstance(value, list) or len(value) != len(items):
+            self._errors += 1
+            raise CheckFailed(f"{what} check returned {type(value).__name__}, not one verdict per input")
+        self._errors = 0
+        return value
+
+
+class _Lane:
+    """One daemon thread running calls in turn. Kept, not spawned per call: thread start-up and
+    per-thread library state (BLAS pools, sklearn's config) would add about a millisecond a call."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def submit(self, fn, arg) -> tuple[dict, threading.Event]:
+        box, done = {}, threading.Event()
+        self._calls.put((fn, arg, box, done))
+        return box, done
+
+    def _loop(self) -> None:
+        while True:
+            fn, arg, box, done = self._calls.get()
+            try:
+                box["value"] = fn(arg)
+            except BaseException as e:  # reported to the caller, never swallowed
+                box["error"] = e
+            finally:
+                done.set()

@@ -1,0 +1,106 @@
+"""The image check, run on rank 0 after generation and before anything is stored.
+
+Backends: NudeNet's detector (its ONNX model ships in its wheel: works offline out of the box) and a
+Hugging Face image-classification model (e.g. a ViT NSFW classifier) from a Hub id or a local
+directory, run in batches. Images come in as HxWx3 uint8 RGB arrays; one Verdict per image.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from safety.config import HFClassifierConfig, ImageCheckConfig, NudeNetConfig
+from safety.custom import build_custom
+from safety.device import resolve_device
+from safety.verdicts import SafetyLoadError, Verdict
+
+log = logging.getLogger(__name__)
+
+
+class NudeNetCheck:
+    name = "nudenet"
+
+    def __init__(self, cfg: NudeNetConfig) -> None:
+        try:
+            from nudenet import NudeDetector, nudenet
+        except ImportError as e:
+            raise SafetyLoadError(f"safety.image.backend: nudenet is not installed: {e}") from e
+        known = set(getattr(nudenet, "__labels"))
+        unknown = sorted(set(cfg.labels) - known)
+        if unknown:  # a misspelt label would never flag anything
+            raise SafetyLoadError(f"safety.image.nudenet.labels: {', '.join(unknown)} are not NudeNet "
+                                  f"labels (it detects {', '.join(sorted(known))})")
+        try:
+            self._detector = NudeDetector(model_path=cfg.model_path)
+        except Exception as e:
+            raise SafetyLoadError(f"safety.image.nudenet: cannot load the detector: {e}") from e
+        self._thresholds = {label: cfg.threshold for label in cfg.labels}
+
+    def check(self, images: list[np.ndarray]) -> list[Verdict]:
+        return [self._one(img) for img in images]
+
+    def _one(self, rgb: np.ndarray) -> Verdict:
+        # NudeNet reads arrays as OpenCV does, in BGR order; RGB would shift its scores.
+        found = self._detector.detect(np.ascontiguousarray(rgb[..., ::-1]))
+        scores = {label: 0.0 for label in self._thresholds}
+        for det in found:
+            if det["class"] in scores:
+                scores[det["class"]] = max(scores[det["class"]], float(det["score"]))
+        return Verdict.judge(self.name, scores, self._thresholds)
+
+
+class HFImageCheck:
+    name = "hf"
+
+    def __init__(self, cfg: HFClassifierConfig, device: str) -> None:
+        import torch
+        from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+        try:
+            self._processor = AutoImageProcessor.from_pretrained(cfg.model, revision=cfg.revision)
+            model = AutoModelForImageClassification.from_pretrained(
+                cfg.model, revision=cfg.revision, dtype=getattr(torch, cfg.dtype))
+        except Exception as e:
+            raise SafetyLoadError(f"safety.image.hf.model: cannot load {cfg.model!r}: "
+                                  f"{type(e).__name__}: {e}") from e
+        self._model = model.to(device).eval()
+        labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
+        unknown = sorted(set(cfg.flag_labels) - set(labels))
+        if unknown:
+            raise SafetyLoadError(f"safety.image.hf.flag_labels: {', '.join(unknown)} not among the "
+                                  f"model's labels ({', '.join(labels)})")
+        self._labels = labels
+        self._multi_label = model.config.problem_type == "multi_label_classification"
+        self._thresholds = {label: cfg.threshold for label in cfg.flag_labels}
+        self._batch = cfg.batch_size
+        self.name = f"hf:{cfg.model}"
+
+    def check(self, images: list[np.ndarray]) -> list[Verdict]:
+        out = []
+        for i in range(0, len(images), self._batch):
+            out.extend(self._batch_scores(images[i:i + self._batch]))
+        return out
+
+    def _batch_scores(self, images: list[np.ndarray]) -> list[Verdict]:
+        import torch
+
+        with torch.inference_mode():
+            inputs = self._processor(images=list(images), return_tensors="pt")
+            pixels = inputs["pixel_values"].to(self._model.device, self._model.dtype)
+            logits = self._model(pixel_values=pixels).logits.float()
+            probs = logits.sigmoid() if self._multi_label else logits.softmax(-1)
+        return [Verdict.judge(self.name, {lab: float(p[j]) for j, lab in enumerate(self._labels)},
+                              self._thresholds) for p in probs.cpu()]
+
+
+def build_image_check(cfg: ImageCheckConfig):
+    """The configured image check, or None when switched off."""
+    if cfg.backend == "off":
+        return None
+    if cfg.backend == "nudenet":
+        return NudeNetCheck(cfg.nudenet)
+    if cfg.backend == "hf":
+        return HFImageCheck(cfg.hf, resolve_device(cfg.device))
+    return build_custom(cfg.custom, "safety.image")

@@ -1,0 +1,40 @@
+"""What a check says about one prompt or one image, and the errors of the checks themselves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SafetyLoadError(RuntimeError):
+    """A check could not be loaded or failed its self-test: the worker must not become ready."""
+
+
+class CheckFailed(RuntimeError):
+    """A check raised or timed out on a task. The task fails as retryable: nothing passes unchecked."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`refused` is True when some category's score reached its threshold; `category` and `score`
+    then name the worst one (the highest score among those over their thresholds)."""
+
+    refused: bool
+    backend: str
+    scores: dict[str, float] = field(default_factory=dict)
+    category: str | None = None
+    score: float | None = None
+
+    @classmethod
+    def judge(cls, backend: str, scores: dict[str, float], thresholds: dict[str, float]) -> "Verdict":
+        over = {k: s for k, s in scores.items() if k in thresholds and s >= thresholds[k]}
+        if not over:
+            return cls(False, backend, scores)
+        worst = max(over, key=over.get)
+        return cls(True, backend, scores, worst, over[worst])
+
+    def describe(self) -> str:
+        return f"{self.category} scored {self.score:.3f} ({self.backend})"
+
+    def details(self) -> dict:
+        return {"backend": self.backend, "category": self.category, "score": self.score,
+                "scores": {k: round(v, 4) for k, v in self.scores.items()}}

@@ -1,0 +1,52 @@
+"""The guard: self-test at load, checks switched off only by explicit keys, health over a run."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from safety.config import SafetyConfig
+from safety.guard import Guard
+
+NOISE = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+SOLID = np.full((64, 64, 3), 40, np.uint8)
+
+
+def config(**sections) -> SafetyConfig:
+    base = {"text": {"backend": "profanity"}, "image": {"backend": "custom",
+                                                      "custom": {"factory": "tests.safety.backends:flag_all"}}}
+    return SafetyConfig.model_validate({**base, **sections})
+
+
+def test_load_runs_both_checks_and_describes_them(caplog):
+    with caplog.at_level("INFO"):
+        guard = Guard.load(config())
+    assert guard.describe() == "text=alt-profanity-check, image=test, quality=min_std 2.0"
+    assert guard.text_check is not None and guard.image_check.calls == 1  # the self-test
+    assert "safety checks: text=alt-profanity-check" in caplog.text and guard.warnings == []
+
+
+def test_verdicts_come_through():
+    guard = Guard.load(config())
+    assert guard.screen_prompt("fuck you, you piece of shit").refused
+    assert not guard.screen_prompt("a lighthouse at dawn").refused
+    assert guard.screen_image(NOISE).refused  # flag_all
+
+
+def test_switched_off_checks_return_none_and_warn(caplog):
+    cfg = config(text={"backend": "off"}, image={"backend": "off"}, quality={"enabled": False})
+    with caplog.at_level("WARNING"):
+        guard = Guard.load(cfg)
+    assert guard.screen_prompt("anything") is None and guard.screen_image(NOISE) is None
+    assert guard.inspect(SOLID, 0).ok
+    assert len(guard.warnings) == 3 and caplog.text.count("SAFETY CHECK OFF") == 3
+    assert guard.describe() == "text=OFF, image=OFF, quality=OFF"
+
+
+def test_corrupt_outputs_in_a_row_make_the_worker_unhealthy():
+    guard = Guard(config(quality={"max_consecutive": 3}), None, None)
+    for _ in range(2):
+        assert not guard.inspect(SOLID, 0).ok
+    assert guard.inspect(NOISE, 0).ok and guard.unhealthy() is None  # a good image resets the run
+    for _ in range(3):
+        guard.inspect(SOLID, 0)
+    assert guard.unhealthy() == "3 corrupt outputs in a row"
