@@ -2,6 +2,7 @@
 
     dit-worker serve --config configs/tiny.toml [--set queue.url=...]   one rank (torchrun runs several)
     dit-worker make-tiny-model models/tiny-flux     build the offline random-weight test model
+    dit-worker detoxify-offline SRC.ckpt HF_DIR DST.ckpt   make a released detoxify checkpoint load offline
 """
 
 from __future__ import annotations
@@ -24,12 +25,22 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("make-tiny-model", help="save a tiny random-weight FLUX pipeline")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
+    detox = sub.add_parser("detoxify-offline", help="rewrite a detoxify checkpoint to name a local "
+                           "directory holding its Hugging Face config.json and tokenizer files")
+    detox.add_argument("checkpoint")
+    detox.add_argument("hf_dir")
+    detox.add_argument("output")
     args = p.parse_args(argv)
 
     if args.command == "serve":
         from worker.main import run
 
         return run(args.config, args.set)
+    if args.command == "detoxify-offline":
+        from safety.text import make_offline_checkpoint
+
+        print(make_offline_checkpoint(args.checkpoint, args.hf_dir, args.output))
+        return 0
     from worker.tiny_model import make_tiny_model
 
     print(make_tiny_model(args.directory, args.seed))

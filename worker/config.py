@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from safety.config import SafetyConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -84,9 +86,21 @@ class LocalStorageConfig(_Section):
     root: str = "outputs"
 
 
-class StorageConfig(_Section):
+class StoreTarget(_Section):
     kind: Literal["local"] = "local"
     local: LocalStorageConfig = LocalStorageConfig()
+
+
+class StorageConfig(StoreTarget):
+    # Where images the image check flagged go, for review; unset: they are not kept anywhere.
+    quarantine: StoreTarget | None = None
+
+    @model_validator(mode="after")
+    def _quarantine_apart(self) -> "StorageConfig":
+        q = self.quarantine
+        if q is not None and q.kind == self.kind and Path(q.local.root).resolve() == Path(self.local.root).resolve():
+            raise ValueError("quarantine: must not be the results location (flagged images would be published)")
+        return self
 
 
 class LoggingConfig(_Section):
@@ -100,6 +114,7 @@ class WorkerConfig(_Section):
     limits: LimitsConfig = LimitsConfig()
     warmup: WarmupConfig = WarmupConfig()
     storage: StorageConfig = StorageConfig()
+    safety: SafetyConfig = SafetyConfig()
     logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
@@ -113,6 +128,10 @@ class WorkerConfig(_Section):
                 f"of distributed.serve_timeout_s ({idle:.0f}s; half is {self.distributed.serve_timeout_s / 2:.0f}s)")
         if self.queue.report_deadline_s >= self.distributed.serve_timeout_s / 2:
             raise ValueError("queue.report_deadline_s must be under half of distributed.serve_timeout_s")
+        # After a generation, followers wait while rank 0 runs the image check and reports.
+        if self.safety.timeout_s + self.queue.report_deadline_s >= self.distributed.serve_timeout_s / 2:
+            raise ValueError("safety.timeout_s + queue.report_deadline_s must be under half of "
+                             "distributed.serve_timeout_s")
         lim = self.limits
         for w, h in self.warmup.sizes:
             if w % 16 or h % 16 or not (lim.min_side <= min(w, h) and max(w, h) <= lim.max_side):

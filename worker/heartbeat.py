@@ -1,6 +1,6 @@
 """Rank 0's heartbeat: a daemon thread that never waits on the GPU.
 
-It reports the worker's status and in-flight task ids every interval, which renews their leases on
+It reports the worker's status, in-flight task ids, warnings and counters every interval, which renews their leases on
 the scheduler; the reply names leases this worker has lost, so their results are not reported.
 A status change (e.g. to "ready") is sent at once rather than at the next tick.
 """
@@ -25,6 +25,8 @@ class WorkerState:
         self._status: WorkerStatus = "initializing"
         self._in_flight: set[str] = set()
         self._lost: set[str] = set()
+        self._counters: dict[str, int] = {}
+        self.warnings: list[str] = []  # set once at start, e.g. a safety check switched off
         self.changed = threading.Event()
         self.worker_unknown = threading.Event()  # scheduler forgot us: the serve loop re-registers
 
@@ -48,9 +50,18 @@ class WorkerState:
             self._in_flight.discard(task_id)
             self._lost.discard(task_id)
 
-    def snapshot(self) -> tuple[WorkerStatus, list[str]]:
+    def count(self, name: str, n: int = 1) -> None:
         with self._lock:
-            return self._status, sorted(self._in_flight)
+            self._counters[name] = self._counters.get(name, 0) + n
+
+    def set_counter(self, name: str, value: int) -> None:
+        with self._lock:
+            self._counters[name] = value
+
+    def snapshot(self) -> Heartbeat:
+        with self._lock:
+            return Heartbeat(status=self._status, in_flight=sorted(self._in_flight), timestamp=time.time(),
+                             warnings=list(self.warnings), counters=dict(self._counters))
 
     def mark_lost(self, task_ids: list[str]) -> None:
         with self._lock:
@@ -87,8 +98,7 @@ class HeartbeatThread(threading.Thread):
             next_beat = time.monotonic() + self._interval
 
     def beat(self) -> None:
-        status, in_flight = self._state.snapshot()
-        hb = Heartbeat(status=status, in_flight=in_flight, timestamp=time.time())
+        hb = self._state.snapshot()
         try:
             # Retries stay within one interval so beats never pile up behind each other.
             reply = self._client.heartbeat(self.worker_id, hb, deadline_s=self._interval)

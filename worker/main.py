@@ -13,12 +13,14 @@ import sys
 
 import torch
 
+from safety.guard import Guard
+from safety.verdicts import SafetyLoadError
 from scheduler.protocol import DeviceInfo
 from worker import distributed, lockstep
 from worker.config import ConfigError, WorkerConfig, load_config
 from worker.engine import Engine
 from worker.queue_client import QueueClient
-from worker.serve import Coordinator, FatalQueueError
+from worker.serve import Coordinator, FatalQueueError, Unhealthy
 from worker.storage import build_store
 
 log = logging.getLogger("worker")
@@ -32,8 +34,13 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
         return 2
     _setup_logging(cfg.logging.level, rank=int(os.environ.get("RANK", "0")))
     ctx = distributed.init_distributed(cfg.distributed, cfg.model.device)
-    # Rank-0-only work is decided here and nowhere else: queue, heartbeat, storage, reports.
-    coordinator = _build_coordinator(cfg, ctx) if ctx.is_coordinator else None
+    # Rank-0-only work is decided here and nowhere else: queue, heartbeat, storage, safety, reports.
+    try:
+        coordinator = _build_coordinator(cfg, ctx) if ctx.is_coordinator else None
+    except SafetyLoadError as e:
+        # Fail closed: never register, never serve unchecked. torchrun stops the other ranks.
+        log.critical("not starting: %s", e)
+        return 2
     _handle_signals(coordinator)
     try:
         devices = distributed.all_gather(_describe(ctx.device), ctx)
@@ -53,6 +60,11 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
     except FatalQueueError as e:
         log.critical("scheduler refused this worker: %s", e)
         return 3
+    except Unhealthy as e:
+        # The followers have been told to stop; a non-zero exit makes torchrun restart the group.
+        log.critical("unhealthy: %s; exiting for a restart", e)
+        distributed.close(ctx)
+        return 4
     distributed.close(ctx)
     return 0
 
@@ -60,8 +72,12 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
 def _build_coordinator(cfg: WorkerConfig, ctx: distributed.DistContext) -> Coordinator:
     store = build_store(cfg.storage)
     store.check_writable()  # before loading a model we could not deliver from
+    quarantine = build_store(cfg.storage.quarantine) if cfg.storage.quarantine else None
+    if quarantine:
+        quarantine.check_writable()
+    guard = Guard.load(cfg.safety)  # before registering: a worker that cannot check is never ready
     token = os.environ.get(cfg.queue.token_env) or None
-    return Coordinator(cfg, ctx, QueueClient(cfg.queue, token), store)
+    return Coordinator(cfg, ctx, QueueClient(cfg.queue, token), store, guard, quarantine)
 
 
 def _handle_signals(coordinator: Coordinator | None) -> None:
@@ -88,5 +104,5 @@ def _setup_logging(level: str, rank: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     # Libraries log progress bars and chatter at INFO; keep the worker's own lines readable.
-    for noisy in ("httpx", "httpcore", "diffusers", "transformers", "urllib3"):
+    for noisy in ("httpx", "httpcore", "diffusers", "transformers", "urllib3", "onnxruntime"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))

@@ -1,11 +1,12 @@
 """Rank 0's serve loop: the request lifecycle, one stage a method.
 
-    lease -> validate -> [text check] -> report processing -> broadcast -> generate (all ranks)
-          -> gather -> [image check] -> encode -> store -> report result
+    lease -> validate -> text check -> report processing -> broadcast -> generate (all ranks)
+          -> agree -> quality check -> image check -> encode -> store -> report result
 
-Stages in brackets are filled by the content-safety issue. Any exception while handling a task fails
-that task with an error envelope and the loop goes on; a CollectiveError propagates and the process
-exits (see worker.distributed).
+Any exception while handling a task fails that task with an error envelope and the loop goes on; a
+CollectiveError propagates and the process exits (see worker.distributed). So does Unhealthy, when
+the safety guard sees a run of corrupt outputs or check failures: the supervisor restarts the group.
+No image is stored unless both checks ran on it and passed (or were switched off by config).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from collections import deque
 from importlib import metadata
 
+from safety.guard import Guard
+from safety.verdicts import CheckFailed
 from scheduler.protocol import DeviceInfo, ErrorEnvelope, Lease, RegisterWorker, Report, TaskResult
 from worker import lockstep
 from worker.config import WorkerConfig
@@ -43,13 +46,21 @@ class FatalQueueError(RuntimeError):
     """The scheduler refuses this worker (auth); serving cannot go on."""
 
 
+class Unhealthy(RuntimeError):
+    """Outputs or checks keep failing: the device or a model is broken. Exit and be restarted."""
+
+
 class Coordinator:
-    def __init__(self, cfg: WorkerConfig, ctx: DistContext, client: QueueClient, store: Store) -> None:
+    def __init__(self, cfg: WorkerConfig, ctx: DistContext, client: QueueClient, store: Store,
+                 guard: Guard, quarantine: Store | None = None) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self.client = client
         self.store = store
+        self.guard = guard
+        self.quarantine = quarantine
         self.state = WorkerState()
+        self.state.warnings = list(guard.warnings)
         self.worker_id = ""
         self._devices: list[DeviceInfo] = []
         self._heartbeat: HeartbeatThread | None = None
@@ -86,21 +97,36 @@ class Coordinator:
             self._stop.set()
 
     def serve(self, engine: Engine) -> None:
+        self.state.set_counter("images_generated", engine.generations)  # warm-up included
         self.state.set_status("ready")
         try:
             while not (self._stop.is_set() and not self._backlog):
-                job = self._next_job()
-                if job is None:
-                    broadcast(lockstep.Idle(), self.ctx)
-                    continue
-                broadcast(lockstep.Generate(job), self.ctx)
-                self._finish(job, lockstep.generate(engine, job, self.ctx))
-                # Keep-alive: followers' wait for the next command must not include this turn's I/O.
-                broadcast(lockstep.Idle(), self.ctx)
+                self._turn(engine)
+                if reason := self.guard.unhealthy():
+                    self._release_backlog(reason)
+                    broadcast(lockstep.Shutdown(f"unhealthy: {reason}"), self.ctx)
+                    raise Unhealthy(reason)
             broadcast(lockstep.Shutdown("drained"), self.ctx)
         finally:
             if self._heartbeat:
                 self._heartbeat.stop()
+
+    def _turn(self, engine: Engine) -> None:
+        job = self._next_job()
+        if job is None:
+            broadcast(lockstep.Idle(), self.ctx)
+            return
+        broadcast(lockstep.Generate(job), self.ctx)
+        out = lockstep.generate(engine, job, self.ctx)
+        self.state.set_counter("images_generated", engine.generations)
+        self._finish(job, out)
+        # Keep-alive: followers' wait for the next command must not include this turn's I/O.
+        broadcast(lockstep.Idle(), self.ctx)
+
+    def _release_backlog(self, reason: str) -> None:
+        """Leased but never started: hand back at once rather than at lease expiry."""
+        while self._backlog:
+            self._fail(self._backlog.popleft(), "worker_unhealthy", reason, retryable=True)
 
     # ------------------------------------------------------------ stages
 
@@ -149,7 +175,8 @@ class Coordinator:
         except InvalidRequest as e:
             self._fail(lease, "invalid_request", str(e), retryable=False)
             return None
-        # Text safety check goes here, before any GPU work (content-safety issue).
+        if not self._prompt_allowed(lease, job):
+            return None
         if job.seed is None:
             job = job.model_copy(update={"seed": default_seed(job.task_id)})
         try:
@@ -161,20 +188,73 @@ class Coordinator:
         self._leases[job.task_id] = lease
         return job
 
-    def _finish(self, job: Job, out: lockstep.Outcome) -> None:
-        """[image check] -> encode -> store -> report, for a job every rank has generated."""
-        lease = self._leases.pop(job.task_id)
+    def _prompt_allowed(self, lease: Lease, job: Job) -> bool:
+        """The text check, before any GPU work. A refusal is final; a failing check is retryable."""
         try:
-            if out.errors:
-                self._fail(lease, "generation_failed", "; ".join(out.errors), retryable=True)
-                return
-            if self.state.is_lost(job.task_id):  # a newer attempt owns the task and its object
-                log.warning("task %s: lease lost during generation; result discarded", job.task_id)
-                self.state.end(job.task_id)
-                return
-            # Image safety check goes here, before anything is stored (content-safety issue).
+            verdict = self.guard.screen_prompt(job.prompt)
+        except CheckFailed as e:
+            self._fail(lease, "safety_check_failed", str(e), retryable=True)
+            return False
+        if verdict is not None and verdict.refused:
+            self.state.count("prompts_refused")
+            self._fail(lease, "unsafe_prompt", f"prompt refused: {verdict.describe()}", retryable=False,
+                       details=verdict.details())
+            return False
+        return True
+
+    def _finish(self, job: Job, out: lockstep.Outcome) -> None:
+        """checks -> encode -> store -> report, for a job every rank has generated."""
+        lease = self._leases.pop(job.task_id)
+        if out.errors:
+            self._fail(lease, "generation_failed", "; ".join(out.errors), retryable=True)
+            return
+        if self.state.is_lost(job.task_id):  # a newer attempt owns the task and its object
+            log.warning("task %s: lease lost during generation; result discarded", job.task_id)
+            self.state.end(job.task_id)
+            return
+        timings = {"generate": out.seconds * 1e3}
+        t0 = time.perf_counter()
+        passed = self._image_passes(lease, job, out)
+        timings["checks"] = (time.perf_counter() - t0) * 1e3
+        if passed:
+            self._store_and_report(lease, job, out.image, timings)
+
+    def _image_passes(self, lease: Lease, job: Job, out: lockstep.Outcome) -> bool:
+        """Quality, then content. Anything but a pass fails the task and nothing is stored."""
+        quality = self.guard.inspect(out.image, out.nonfinite)
+        if not quality.ok:
+            self.state.count("corrupt_outputs")
+            self._fail(lease, "corrupt_output", quality.reason, retryable=True)
+            return False
+        try:
+            verdict = self.guard.screen_image(out.image)
+        except CheckFailed as e:
+            self._fail(lease, "safety_check_failed", str(e), retryable=True)
+            return False
+        if verdict is not None and verdict.refused:
+            self.state.count("images_refused")
+            self._quarantine(job, out.image)
+            self._fail(lease, "unsafe_image", f"image refused: {verdict.describe()}", retryable=False,
+                       details=verdict.details())
+            return False
+        return True
+
+    def _quarantine(self, job: Job, pixels) -> None:
+        """Keeps a flagged image for review, never in the results location. Best effort: the task
+        fails as unsafe_image either way."""
+        if self.quarantine is None:
+            return
+        try:
+            data, content_type = encode_image(pixels, job.output_format)
+            obj = self.quarantine.put(job.task_id, data, content_type)
+            log.warning("task %s: flagged image quarantined at %s", job.task_id, obj.uri)
+        except Exception:
+            log.exception("task %s: could not quarantine the flagged image", job.task_id)
+
+    def _store_and_report(self, lease: Lease, job: Job, pixels, timings: dict[str, float]) -> None:
+        try:
             t0 = time.perf_counter()
-            data, content_type = encode_image(out.image, job.output_format)
+            data, content_type = encode_image(pixels, job.output_format)
             t1 = time.perf_counter()
             obj = self.store.put(job.task_id, data, content_type)
             t2 = time.perf_counter()
@@ -182,19 +262,19 @@ class Coordinator:
             log.exception("task %s failed after generation", job.task_id)
             self._fail(lease, "storage_failed", f"{type(e).__name__}: {e}", retryable=True)
             return
-        result = TaskResult(
-            uri=obj.uri, content_type=content_type, width=job.width, height=job.height, seed=job.seed,
-            bytes=obj.bytes, sha256=obj.sha256,
-            timings_ms={"generate": out.seconds * 1e3, "encode": (t1 - t0) * 1e3, "store": (t2 - t1) * 1e3},
-        )
+        timings.update(encode=(t1 - t0) * 1e3, store=(t2 - t1) * 1e3)
+        result = TaskResult(uri=obj.uri, content_type=content_type, width=job.width, height=job.height,
+                            seed=job.seed, bytes=obj.bytes, sha256=obj.sha256, timings_ms=timings)
         self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
                                     status="succeeded", result=result))
 
     # ------------------------------------------------------------ reporting
 
-    def _fail(self, lease: Lease, code: str, message: str, *, retryable: bool) -> None:
+    def _fail(self, lease: Lease, code: str, message: str, *, retryable: bool,
+              details: dict | None = None) -> None:
         log.info("task %s failed: %s: %s", lease.task_id, code, message)
-        error = ErrorEnvelope(code=code, message=message, retryable=retryable, worker_id=self.worker_id)
+        error = ErrorEnvelope(code=code, message=message[:4000], retryable=retryable,
+                              worker_id=self.worker_id, details=details)
         self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
                                     status="failed", error=error))
 
@@ -208,6 +288,7 @@ class Coordinator:
         except QueueError as e:
             log.error("task %s: report undeliverable, lease will expire: %s", lease.task_id, e)
         else:
+            self.state.count(f"tasks_{rep.status}")
             if rep.status == "succeeded":
                 log.info("task %s succeeded: %s", lease.task_id, rep.result.uri)
         finally:

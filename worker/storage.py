@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from worker.config import StorageConfig
+from worker.config import StoreTarget
 
 EXTENSIONS = {"image/png": "png"}
 
@@ -61,7 +61,7 @@ class LocalStore:
         return StoredObject(uri=path.as_uri(), bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
-def build_store(cfg: StorageConfig) -> Store:
+def build_store(cfg: StoreTarget) -> Store:
     if cfg.kind == "local":
         return LocalStore(cfg.local.root)
     raise ValueError(f"storage.kind: unknown store {cfg.kind!r}")
