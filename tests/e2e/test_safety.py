@@ -1,0 +1,74 @@
+"""Content safety end to end: the real scheduler on 127.0.0.1, 2-rank torchrun workers (gloo), the
+real safety backends (alt-profanity-check, a Hugging Face ViT classifier, NudeNet)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import Stack
+
+OFFENSIVE = "fuck you, you piece of shit"
+
+
+def run(stack: Stack, proc, inputs: list[dict], timeout: float = 120) -> list[dict]:
+    ids = [stack.client.submit(i)["id"] for i in inputs]
+    done = stack.client.wait(ids, timeout, proc=proc)
+    return [done[i] for i in ids]
+
+
+def settled_worker(stack: Stack, beats: int = 2, timeout: float = 60) -> dict:
+    """The ready worker's view after `beats` heartbeats sent from now on, so that it reflects the past."""
+    seen, end = None, time.monotonic() + timeout
+    while time.monotonic() < end:
+        workers = [w for w in stack.registered() if w["status"] != "initializing"]
+        if not workers:
+            time.sleep(0.2)
+            continue
+        (w,) = workers
+        if w["last_heartbeat"] != seen:
+            beats, seen = beats - 1, w["last_heartbeat"]
+            if beats < 0:
+                return w
+        time.sleep(0.2)
+    raise TimeoutError("no heartbeats")
+
+
+@pytest.fixture(scope="module")
+def flagging(tmp_path_factory, tiny_model, vit_dir):
+    """A worker whose image classifier is configured to flag everything, with a quarantine."""
+    stack = Stack(tmp_path_factory.mktemp("flagging"), tiny_model)
+    stack.quarantine = stack.tmp / "quarantine"
+    stack.proc = stack.worker(nproc=2, overrides=[
+        "safety.image.backend=hf", f"safety.image.hf.model={vit_dir}", "safety.image.hf.threshold=0.0",
+        f"storage.quarantine.local.root={stack.quarantine}"])
+    yield stack
+    stack.close()
+
+
+def test_refused_prompt_fails_unsafe_prompt_without_inference(flagging):
+    before = settled_worker(flagging)["counters"]
+    (task,) = run(flagging, flagging.proc, [{"prompt": OFFENSIVE}])
+    assert task["status"] == "failed" and task["attempts"] == 1
+    err = task["error"]
+    assert err["code"] == "unsafe_prompt" and err["retryable"] is False
+    assert err["details"]["category"] == "profanity" and err["details"]["score"] >= 0.9
+    assert "profanity scored" in err["message"]
+    after = settled_worker(flagging)["counters"]
+    assert after["images_generated"] == before["images_generated"]  # the GPU never saw it
+    assert after["prompts_refused"] == before.get("prompts_refused", 0) + 1
+
+
+def test_flagged_image_fails_unsafe_image_and_is_never_stored(flagging):
+    before = settled_worker(flagging)["counters"]
+    (task,) = run(flagging, flagging.proc, [{"prompt": "a lighthouse on a cliff", "width": 128, "height": 128}])
+    assert task["status"] == "failed" and task["attempts"] == 1 and task["result"] is None
+    err = task["error"]
+    assert err["code"] == "unsafe_image" and err["retryable"] is False
+    assert err["details"]["category"] == "nsfw" and set(err["details"]["scores"]) == {"normal", "nsfw"}
+    assert flagging.objects() == []  # nothing in the results location
+    assert [p.name for p in flagging.quarantine.glob("*.png")] == [f"{task['id']}.png"]
+    after = settled_worker(flagging)["counters"]
+    assert after["images_generated"] == before["images_generated"] + 1
+    assert after["images_refused"] == before.get("images_refused", 0) + 1
