@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test scheduler node clean
+.PHONY: install demo test bench-safety scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# Milliseconds each safety check adds per prompt / image (random-weight real architectures).
+bench-safety: install
+	$(PY) -m safety.bench --out $(BENCH_OUT)/safety.json
 
 scheduler: install
 	$(PY) -m scheduler

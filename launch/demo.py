@@ -2,8 +2,9 @@
 
 Builds the tiny model if absent, starts the reference scheduler, submits a handful of prompts, runs a
 2-rank worker under torchrun, waits for every task, prints a table and stops what it started.
-Images are left in var/demo/images. Exit code 0 only if every task succeeded with a PNG of the
-requested size.
+Images are left in var/demo/images. One prompt is offensive on purpose: the text check must refuse
+it before any inference. Exit code 0 only if every other task succeeded with a PNG of the requested
+size and that one failed as unsafe_prompt.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ PROMPTS = [
     ("a bowl of ramen, studio lighting", 512, 512),
     ("a cathedral made of glass", 320, 192),
     ("a tiny robot reading a book", 256, 256),
+    ("you are a stupid idiot", 256, 256),  # refused by the text check: never reaches the model
 ]
+EXPECT_REFUSED = {"you are a stupid idiot"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
                                          f"model.source={model}"])
         t0 = time.monotonic()
         done = client.wait([t["id"] for t in tasks], args.timeout, proc=worker)
-        print(f"all tasks finished in {time.monotonic() - t0:.1f}s after the worker started\n")
+        print(f"all tasks finished in {time.monotonic() - t0:.1f}s after the worker started")
+        for line in worker.output().splitlines():  # which checks ran, as the worker chose them
+            if "safety checks:" in line or "safety.text.backend = auto" in line:
+                print(line.split(": ", 1)[-1])
+        print()
         ok = _print_table(done)
     finally:
         if worker is not None:
@@ -75,8 +82,9 @@ def _print_table(done: dict[str, dict]) -> bool:
     print(f"{'task':<10} {'status':<10} {'waited s':>8} {'ran s':>6}  {'size':<9} image")
     for task_id, t in done.items():
         want = (t["input"]["width"], t["input"]["height"])
-        started = t["started_at"] or t["created_at"]
-        waited, ran = started - t["created_at"], (t["finished_at"] or time.time()) - started
+        finished = t["finished_at"] or time.time()
+        started = t["started_at"] or finished  # never started: refused before generation
+        waited, ran = started - t["created_at"], finished - started
         where, size = "-", "-"
         if t["status"] == "succeeded":
             path = Path(urlparse(t["result"]["uri"]).path)
@@ -85,8 +93,12 @@ def _print_table(done: dict[str, dict]) -> bool:
                 ok &= img.size == want and img.format == "PNG"
             where = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
         else:
-            ok = False
             where = f"{t['error']['code']}: {t['error']['message']}"
+        refused = t["input"]["prompt"] in EXPECT_REFUSED
+        if refused:
+            ok &= t["status"] == "failed" and t["error"]["code"] == "unsafe_prompt"
+        elif t["status"] != "succeeded":
+            ok = False
         print(f"{task_id[:8]:<10} {t['status']:<10} {waited:8.2f} {ran:6.2f}  {size:<9} {where}")
     return ok
 
