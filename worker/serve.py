@@ -189,18 +189,24 @@ class Coordinator:
         return job
 
     def _prompt_allowed(self, lease: Lease, job: Job) -> bool:
-        """The text check, before any GPU work. A refusal is final; a failing check is retryable."""
+        """The text check, before any GPU work."""
+        return self._passes(lease, "prompt", self.guard.screen_prompt, job.prompt)
+
+    def _passes(self, lease: Lease, kind: str, screen, item, on_refused=None) -> bool:
+        """One content check. A refusal is final (unsafe_<kind>); a failing check is retryable."""
         try:
-            verdict = self.guard.screen_prompt(job.prompt)
+            verdict = screen(item)
         except CheckFailed as e:
             self._fail(lease, "safety_check_failed", str(e), retryable=True)
             return False
-        if verdict is not None and verdict.refused:
-            self.state.count("prompts_refused")
-            self._fail(lease, "unsafe_prompt", f"prompt refused: {verdict.describe()}", retryable=False,
-                       details=verdict.details())
-            return False
-        return True
+        if verdict is None or not verdict.refused:
+            return True
+        self.state.count(f"{kind}s_refused")
+        if on_refused:
+            on_refused()
+        self._fail(lease, f"unsafe_{kind}", f"{kind} refused: {verdict.describe()}", retryable=False,
+                   details=verdict.details())
+        return False
 
     def _finish(self, job: Job, out: lockstep.Outcome) -> None:
         """checks -> encode -> store -> report, for a job every rank has generated."""
@@ -226,18 +232,8 @@ class Coordinator:
             self.state.count("corrupt_outputs")
             self._fail(lease, "corrupt_output", quality.reason, retryable=True)
             return False
-        try:
-            verdict = self.guard.screen_image(out.image)
-        except CheckFailed as e:
-            self._fail(lease, "safety_check_failed", str(e), retryable=True)
-            return False
-        if verdict is not None and verdict.refused:
-            self.state.count("images_refused")
-            self._quarantine(job, out.image)
-            self._fail(lease, "unsafe_image", f"image refused: {verdict.describe()}", retryable=False,
-                       details=verdict.details())
-            return False
-        return True
+        return self._passes(lease, "image", self.guard.screen_image, out.image,
+                            on_refused=lambda: self._quarantine(job, out.image))
 
     def _quarantine(self, job: Job, pixels) -> None:
         """Keeps a flagged image for review, never in the results location. Best effort: the task
