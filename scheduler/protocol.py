@@ -57,6 +57,7 @@ class TaskResult(BaseModel):
     seed: int
     bytes: int
     sha256: str
+    url: str | None = Field(None, description="a signed HTTPS URL, when the worker is configured to sign")
     timings_ms: dict[str, float] = {}
 
 
@@ -125,6 +126,8 @@ class LeaseRequest(_Strict):
 class Lease(_Strict):
     task_id: str
     input: dict[str, Any]
+    # When the task was submitted: the same on every attempt, so workers can name its object by date.
+    created_at: float
     lease_token: str
     lease_deadline: float
     lease_ttl_s: float

@@ -194,7 +194,8 @@ class TaskStore:
                     " lease_token = ?, lease_deadline = ?, updated_at = ? WHERE id = ?",
                     (worker_id, token, dl, now, row["id"]),
                 )
-                out.append(Lease(task_id=row["id"], input=json.loads(row["input"]), lease_token=token,
+                out.append(Lease(task_id=row["id"], input=json.loads(row["input"]), created_at=row["created_at"],
+                                 lease_token=token,
                                  lease_deadline=dl, lease_ttl_s=self.lease_ttl_s,
                                  attempt=row["attempts"] + 1))
             return out

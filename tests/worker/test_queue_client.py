@@ -10,7 +10,7 @@ from worker.config import QueueConfig
 from worker.queue_client import AuthError, LeaseLost, NotFound, QueueClient, Rejected, Unavailable
 
 LEASES = {"leases": [{"task_id": "t1", "input": {"prompt": "x"}, "lease_token": "tok", "lease_deadline": 1.0,
-                      "lease_ttl_s": 1.0, "attempt": 1}]}
+                      "lease_ttl_s": 1.0, "attempt": 1, "created_at": 1.0}]}
 TASK = {"id": "t1", "status": "processing", "input": {}, "priority": 0, "attempts": 1, "max_attempts": 3,
         "idempotency_key": None, "worker_id": "w", "result": None, "error": None, "created_at": 0,
         "updated_at": 0, "started_at": 0, "finished_at": None}
