@@ -60,7 +60,8 @@ class LimitsConfig(_Section):
     default_height: int = 768
     default_steps: int = Field(4, ge=1)
     max_steps: int = Field(8, ge=1)
-    output_formats: tuple[Literal["png"], ...] = ("png",)
+    # The first is the default; a task may ask for any other listed here.
+    output_formats: tuple[Literal["png", "webp", "jpeg"], ...] = ("png", "webp", "jpeg")
 
     @model_validator(mode="after")
     def _consistent(self) -> "LimitsConfig":
@@ -76,6 +77,13 @@ class LimitsConfig(_Section):
         return self
 
 
+class EncodeConfig(_Section):
+    png_compress_level: int = Field(6, ge=0, le=9)
+    jpeg_quality: int = Field(90, ge=1, le=100)
+    webp_quality: int = Field(90, ge=1, le=100)
+    webp_method: int = Field(4, ge=0, le=6, description="0 fast .. 6 small")
+
+
 class WarmupConfig(_Section):
     # (width, height) pairs generated once before the worker reports ready.
     sizes: tuple[tuple[int, int], ...] = ((1360, 768),)
@@ -86,21 +94,71 @@ class LocalStorageConfig(_Section):
     root: str = "outputs"
 
 
+NAME_FIELDS = ("prefix", "yyyy", "mm", "dd", "task_id", "ext", "model")
+
+
+class GCSConfig(_Section):
+    """Google Cloud Storage. Credentials: `credentials_file` (a service-account key) or Application
+    Default Credentials; STORAGE_EMULATOR_HOST is honoured (no auth against an emulator)."""
+
+    bucket: str = Field(min_length=3, max_length=222)
+    prefix: str = "results"
+    # The date is the task's submission date, the same on every attempt: one object per task.
+    object_name: str = "{prefix}/{yyyy}/{mm}/{dd}/{task_id}.{ext}"
+    project: str | None = None
+    credentials_file: str | None = None
+    cache_control: str | None = "private, max-age=31536000, immutable"
+    include_prompt: bool = Field(False, description="store the prompt itself in the object's metadata")
+    signed_url_ttl_s: int = Field(0, ge=0, le=7 * 24 * 3600, description="0: no signed URL")
+    timeout_s: float = Field(30.0, gt=0, description="per HTTP request")
+    deadline_s: float = Field(60.0, gt=0, description="all retries of one upload; then storage_unavailable")
+    backoff_initial_s: float = Field(0.5, gt=0)
+    backoff_max_s: float = Field(8.0, gt=0)
+
+    @model_validator(mode="after")
+    def _name_template(self) -> "GCSConfig":
+        import string
+
+        fields = {f for _, f, _, _ in string.Formatter().parse(self.object_name) if f is not None}
+        if unknown := fields - set(NAME_FIELDS):
+            raise ValueError(f"object_name: unknown field(s) {', '.join(sorted(unknown))}; "
+                             f"use {', '.join(NAME_FIELDS)}")
+        if "task_id" not in fields:
+            raise ValueError("object_name: must contain {task_id}, or tasks would overwrite each other")
+        return self
+
+
 class StoreTarget(_Section):
-    kind: Literal["local"] = "local"
+    kind: Literal["local", "gcs"] = "local"
     local: LocalStorageConfig = LocalStorageConfig()
+    gcs: GCSConfig | None = None
+
+    @model_validator(mode="after")
+    def _gcs_needs_bucket(self) -> "StoreTarget":
+        if self.kind == "gcs" and self.gcs is None:
+            raise ValueError("gcs: kind 'gcs' needs a [gcs] section with a bucket")
+        return self
 
 
 class StorageConfig(StoreTarget):
+    # Checks, encoding and upload run in a pool on rank 0 while the next image generates.
+    workers: int = Field(2, ge=1, le=32)
+    max_pending: int = Field(4, ge=1, le=256, description="generated, not yet reported; then wait")
     # Where images the image check flagged go, for review; unset: they are not kept anywhere.
     quarantine: StoreTarget | None = None
 
     @model_validator(mode="after")
     def _quarantine_apart(self) -> "StorageConfig":
         q = self.quarantine
-        if q is not None and q.kind == self.kind and Path(q.local.root).resolve() == Path(self.local.root).resolve():
+        if q is not None and q.kind == self.kind and _location(q) == _location(self):
             raise ValueError("quarantine: must not be the results location (flagged images would be published)")
         return self
+
+
+def _location(t: StoreTarget) -> tuple:
+    if t.kind == "gcs":
+        return (t.gcs.bucket, t.gcs.prefix)
+    return (str(Path(t.local.root).resolve()),)
 
 
 class LoggingConfig(_Section):
@@ -113,6 +171,7 @@ class WorkerConfig(_Section):
     model: ModelConfig = ModelConfig()
     limits: LimitsConfig = LimitsConfig()
     warmup: WarmupConfig = WarmupConfig()
+    encode: EncodeConfig = EncodeConfig()
     storage: StorageConfig = StorageConfig()
     safety: SafetyConfig = SafetyConfig()
     logging: LoggingConfig = LoggingConfig()
@@ -146,20 +205,41 @@ class ConfigError(Exception):
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> WorkerConfig:
     """Reads `path`, applies `section.key=value` overrides (values in TOML syntax; bare words are
-    strings), and validates the result."""
+    strings), and validates the result. A file may start from another with `extends = "other.toml"`
+    (relative to itself) and set only what differs."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    raw = _read(path, seen=())
     for item in overrides:
         _apply_override(raw, item)
     try:
         return WorkerConfig.model_validate(_tuples(raw))
     except ValidationError as e:
         raise ConfigError(f"{path}: " + "; ".join(_describe(err) for err in e.errors())) from e
+
+
+def _read(path: Path, seen: tuple[Path, ...]) -> dict:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: extends: expected a file name")
+    base_path = (path.parent / base).resolve()
+    if base_path in seen:
+        raise ConfigError(f"{path}: extends: {base} extends itself")
+    return _merge(_read(base_path, (*seen, path.resolve())), raw)
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _apply_override(raw: dict, item: str) -> None:

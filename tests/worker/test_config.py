@@ -4,7 +4,7 @@ from launch.local import REPO
 from worker.config import ConfigError, load_config
 
 
-@pytest.mark.parametrize("name", ["tiny.toml", "flux-schnell.toml"])
+@pytest.mark.parametrize("name", ["tiny.toml", "flux-schnell.toml", "flux-schnell-gcs.toml"])
 def test_shipped_configs_load(name):
     cfg = load_config(REPO / "configs" / name)
     assert cfg.limits.default_steps == 4
@@ -83,3 +83,34 @@ def test_unreadable_and_invalid_files(tmp_path):
         load_config(tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[queue\n"))
+
+
+def test_a_file_extends_another_and_sets_only_what_differs(tmp_path):
+    (tmp_path / "base.toml").write_text("[queue]\nmax_tasks = 3\ntimeout_s = 4.0\n[model]\nname = 'm'\n")
+    (tmp_path / "top.toml").write_text("extends = 'base.toml'\n[queue]\nmax_tasks = 5\n")
+    cfg = load_config(tmp_path / "top.toml")
+    assert (cfg.queue.max_tasks, cfg.queue.timeout_s, cfg.model.name) == (5, 4.0, "m")
+
+
+def test_extends_loops_and_missing_bases_are_named(tmp_path):
+    (tmp_path / "a.toml").write_text("extends = 'a.toml'\n")
+    with pytest.raises(ConfigError, match="extends itself"):
+        load_config(tmp_path / "a.toml")
+    (tmp_path / "b.toml").write_text("extends = 'missing.toml'\n")
+    with pytest.raises(ConfigError, match="missing.toml: cannot read"):
+        load_config(tmp_path / "b.toml")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("[storage]\nkind = 'gcs'\n", "storage: gcs: kind 'gcs' needs a [gcs] section"),
+    ("[storage]\nkind = 'gcs'\n[storage.gcs]\nbucket = 'bkt'\nobject_name = '{prefix}/x.png'\n",
+     "storage.gcs: object_name: must contain {task_id}"),
+    ("[storage]\nkind = 'gcs'\n[storage.gcs]\nbucket = 'bkt'\nobject_name = '{task_id}{when}'\n",
+     "object_name: unknown field(s) when"),
+    ("[storage]\nkind = 'gcs'\n[storage.gcs]\nbucket = 'bkt'\n[storage.quarantine]\nkind = 'gcs'\n"
+     "[storage.quarantine.gcs]\nbucket = 'bkt'\n", "quarantine: must not be the results location"),
+])
+def test_gcs_settings_are_checked(tmp_path, body, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, body))
+    assert message in str(e.value)

@@ -36,7 +36,7 @@ def test_full_request():
     ({"prompt": "x", "steps": 9}, "steps: 9 is outside"),
     ({"prompt": "x", "seed": -1}, "seed: Input should be greater than or equal to 0"),
     ({"prompt": "x", "seed": 2**63}, "seed: Input should be less than or equal to"),
-    ({"prompt": "x", "output_format": "gif"}, "output_format: 'gif' is not one of ['png']"),
+    ({"prompt": "x", "output_format": "gif"}, "output_format: 'gif' is not one of ['png', 'webp', 'jpeg']"),
     ({"prompt": "x", "colour": "red"}, "colour: unknown field"),
 ])
 def test_refusals_name_the_field(raw, reason):
