@@ -36,6 +36,7 @@ class Guard:
         self._errors = 0  # checks that raised or timed out, in a row
         self._corrupt = 0  # corrupt outputs, in a row
         self._lanes: dict[str, _Lane] = {}
+        self._lock = threading.Lock()  # the serve loop and the post pool's threads share the guard
 
     @classmethod
     def load(cls, cfg: SafetyConfig) -> "Guard":
@@ -85,7 +86,8 @@ class Guard:
         if not q.enabled:
             return quality.Quality(True, None, float("nan"))
         verdict = quality.inspect(pixels, nonfinite, q.min_std)
-        self._corrupt = 0 if verdict.ok else self._corrupt + 1
+        with self._lock:
+            self._corrupt = 0 if verdict.ok else self._corrupt + 1
         return verdict
 
     def unhealthy(self) -> str | None:
@@ -98,22 +100,29 @@ class Guard:
     def _bounded(self, what: str, fn, items: list) -> list[Verdict]:
         """Runs one check on its lane's thread so that a hung model cannot hang rank 0 (or keep the
         process from exiting); a timed-out call is abandoned with its thread, not interrupted."""
-        lane = self._lanes.get(what) or self._lanes.setdefault(what, _Lane(f"safety-{what}"))
+        with self._lock:
+            lane = self._lanes.get(what) or self._lanes.setdefault(what, _Lane(f"safety-{what}"))
         box, done = lane.submit(fn, items)
         if not done.wait(self.cfg.timeout_s):
-            del self._lanes[what]  # the next call gets a fresh thread
-            self._errors += 1
+            with self._lock:
+                if self._lanes.get(what) is lane:
+                    del self._lanes[what]  # the next call gets a fresh thread
+            self._record(ok=False)
             raise CheckFailed(f"{what} check timed out after {self.cfg.timeout_s:.1f}s")
         if "error" in box:
-            self._errors += 1
+            self._record(ok=False)
             err = box["error"]
             raise CheckFailed(f"{what} check raised {type(err).__name__}: {err}") from err
         value = box["value"]
         if not isinstance(value, list) or len(value) != len(items):
-            self._errors += 1
+            self._record(ok=False)
             raise CheckFailed(f"{what} check returned {type(value).__name__}, not one verdict per input")
-        self._errors = 0
+        self._record(ok=True)
         return value
+
+    def _record(self, ok: bool) -> None:
+        with self._lock:
+            self._errors = 0 if ok else self._errors + 1
 
 
 class _Lane:

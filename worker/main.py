@@ -21,7 +21,7 @@ from worker.config import ConfigError, WorkerConfig, load_config
 from worker.engine import Engine
 from worker.queue_client import QueueClient
 from worker.serve import Coordinator, FatalQueueError, Unhealthy
-from worker.storage import build_store
+from worker.storage import StorageConfigError, build_store
 
 log = logging.getLogger("worker")
 
@@ -37,8 +37,9 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
     # Rank-0-only work is decided here and nowhere else: queue, heartbeat, storage, safety, reports.
     try:
         coordinator = _build_coordinator(cfg, ctx) if ctx.is_coordinator else None
-    except SafetyLoadError as e:
-        # Fail closed: never register, never serve unchecked. torchrun stops the other ranks.
+    except (SafetyLoadError, StorageConfigError) as e:
+        # Fail closed: never register, never serve unchecked or undeliverable. torchrun stops the
+        # other ranks.
         log.critical("not starting: %s", e)
         return 2
     _handle_signals(coordinator)

@@ -1,7 +1,10 @@
 """Rank 0's serve loop: the request lifecycle, one stage a method.
 
     lease -> validate -> text check -> report processing -> broadcast -> generate (all ranks)
-          -> agree -> quality check -> image check -> encode -> store -> report result
+          -> agree -> [post pool: quality check -> image check -> encode -> store] -> report result
+
+The post stage (worker.finish) runs in a bounded pool while the next image generates; results are
+reported in lease order, and while rank 0 waits on the pool it keeps its followers alive with Idle.
 
 Any exception while handling a task fails that task with an error envelope and the loop goes on; a
 CollectiveError propagates and the process exits (see worker.distributed). So does Unhealthy, when
@@ -15,18 +18,19 @@ import hashlib
 import logging
 import socket
 import threading
-import time
 from collections import deque
 from importlib import metadata
 
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
-from scheduler.protocol import DeviceInfo, ErrorEnvelope, Lease, RegisterWorker, Report, TaskResult
+from scheduler.protocol import DeviceInfo, ErrorEnvelope, Lease, RegisterWorker, Report
 from worker import lockstep
 from worker.config import WorkerConfig
 from worker.distributed import DistContext, broadcast
-from worker.encode import encode_image
 from worker.engine import Engine
+from worker.finish import Done, Finisher
 from worker.heartbeat import HeartbeatThread, WorkerState
 from worker.queue_client import AuthError, LeaseLost, NotFound, QueueClient, QueueError, Unavailable
 from worker.storage import Store
@@ -58,9 +62,13 @@ class Coordinator:
         self.client = client
         self.store = store
         self.guard = guard
-        self.quarantine = quarantine
         self.state = WorkerState()
         self.state.warnings = list(guard.warnings)
+        self.finisher = Finisher(cfg, guard, store, quarantine, self.state)
+        self._post = ThreadPoolExecutor(cfg.storage.workers, thread_name_prefix="post")
+        self._pending: deque[tuple[Lease, Future]] = deque()  # generated, in lease order
+        # Rank 0 never makes followers wait longer than this without a command.
+        self._keepalive_s = cfg.distributed.serve_timeout_s / 4
         self.worker_id = ""
         self._devices: list[DeviceInfo] = []
         self._heartbeat: HeartbeatThread | None = None
@@ -103,15 +111,19 @@ class Coordinator:
             while not (self._stop.is_set() and not self._backlog):
                 self._turn(engine)
                 if reason := self.guard.unhealthy():
+                    self._settle(limit=0)
                     self._release_backlog(reason)
                     broadcast(lockstep.Shutdown(f"unhealthy: {reason}"), self.ctx)
                     raise Unhealthy(reason)
+            self._settle(limit=0)
             broadcast(lockstep.Shutdown("drained"), self.ctx)
         finally:
+            self._post.shutdown(wait=False, cancel_futures=True)
             if self._heartbeat:
                 self._heartbeat.stop()
 
     def _turn(self, engine: Engine) -> None:
+        self._settle(limit=self.cfg.storage.max_pending - 1)
         job = self._next_job()
         if job is None:
             broadcast(lockstep.Idle(), self.ctx)
@@ -120,8 +132,45 @@ class Coordinator:
         out = lockstep.generate(engine, job, self.ctx)
         self.state.set_counter("images_generated", engine.generations)
         self._finish(job, out)
-        # Keep-alive: followers' wait for the next command must not include this turn's I/O.
-        broadcast(lockstep.Idle(), self.ctx)
+
+    def _finish(self, job: Job, out: lockstep.Outcome) -> None:
+        """Hands a generated job to the post pool (checks, encode, store); reported by _settle."""
+        lease = self._leases.pop(job.task_id)
+        if out.errors:
+            self._fail(lease, "generation_failed", "; ".join(out.errors), retryable=True)
+            return
+        self._pending.append((lease, self._post.submit(self.finisher.run, lease, job, out)))
+
+    def _settle(self, limit: int) -> None:
+        """Reports finished post-processing in lease order, and waits until at most `limit` tasks
+        are pending, sending Idle to the followers while it waits."""
+        while self._pending:
+            lease, future = self._pending[0]
+            if not future.done():
+                if len(self._pending) <= limit:
+                    return
+                if not wait([future], timeout=self._keepalive_s).done:
+                    broadcast(lockstep.Idle(), self.ctx)
+                continue
+            self._pending.popleft()
+            self._report_done(lease, future)
+
+    def _report_done(self, lease: Lease, future: Future) -> None:
+        try:
+            done: Done = future.result()
+        except Exception as e:  # a bug in the post stage: fail the task, keep serving
+            log.exception("task %s: post-processing failed", lease.task_id)
+            self._fail(lease, "internal_error", f"{type(e).__name__}: {e}", retryable=True)
+            return
+        if done.error is not None:
+            error = done.error.model_copy(update={"worker_id": self.worker_id})
+            self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
+                                        status="failed", error=error))
+        elif done.result is not None:
+            self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
+                                        status="succeeded", result=done.result))
+        else:  # lease lost: a newer attempt reports
+            self.state.end(lease.task_id)
 
     def _release_backlog(self, reason: str) -> None:
         """Leased but never started: hand back at once rather than at lease expiry."""
@@ -189,80 +238,19 @@ class Coordinator:
         return job
 
     def _prompt_allowed(self, lease: Lease, job: Job) -> bool:
-        """The text check, before any GPU work."""
-        return self._passes(lease, "prompt", self.guard.screen_prompt, job.prompt)
-
-    def _passes(self, lease: Lease, kind: str, screen, item, on_refused=None) -> bool:
-        """One content check. A refusal is final (unsafe_<kind>); a failing check is retryable."""
+        """The text check, before any GPU work. A refusal is final; a failing check is retryable."""
         try:
-            verdict = screen(item)
+            verdict = self.guard.screen_prompt(job.prompt)
         except CheckFailed as e:
             self._fail(lease, "safety_check_failed", str(e), retryable=True)
             return False
         if verdict is None or not verdict.refused:
             return True
-        self.state.count(f"{kind}s_refused")
-        if on_refused:
-            on_refused()
-        self._fail(lease, f"unsafe_{kind}", f"{kind} refused: {verdict.describe()}", retryable=False,
+        self.state.count("prompts_refused")
+        self._fail(lease, "unsafe_prompt", f"prompt refused: {verdict.describe()}", retryable=False,
                    details=verdict.details())
         return False
 
-    def _finish(self, job: Job, out: lockstep.Outcome) -> None:
-        """checks -> encode -> store -> report, for a job every rank has generated."""
-        lease = self._leases.pop(job.task_id)
-        if out.errors:
-            self._fail(lease, "generation_failed", "; ".join(out.errors), retryable=True)
-            return
-        if self.state.is_lost(job.task_id):  # a newer attempt owns the task and its object
-            log.warning("task %s: lease lost during generation; result discarded", job.task_id)
-            self.state.end(job.task_id)
-            return
-        timings = {"generate": out.seconds * 1e3}
-        t0 = time.perf_counter()
-        passed = self._image_passes(lease, job, out)
-        timings["checks"] = (time.perf_counter() - t0) * 1e3
-        if passed:
-            self._store_and_report(lease, job, out.image, timings)
-
-    def _image_passes(self, lease: Lease, job: Job, out: lockstep.Outcome) -> bool:
-        """Quality, then content. Anything but a pass fails the task and nothing is stored."""
-        quality = self.guard.inspect(out.image, out.nonfinite)
-        if not quality.ok:
-            self.state.count("corrupt_outputs")
-            self._fail(lease, "corrupt_output", quality.reason, retryable=True)
-            return False
-        return self._passes(lease, "image", self.guard.screen_image, out.image,
-                            on_refused=lambda: self._quarantine(job, out.image))
-
-    def _quarantine(self, job: Job, pixels) -> None:
-        """Keeps a flagged image for review, never in the results location. Best effort: the task
-        fails as unsafe_image either way."""
-        if self.quarantine is None:
-            return
-        try:
-            data, content_type = encode_image(pixels, job.output_format)
-            obj = self.quarantine.put(job.task_id, data, content_type)
-            log.warning("task %s: flagged image quarantined at %s", job.task_id, obj.uri)
-        except Exception:
-            log.exception("task %s: could not quarantine the flagged image", job.task_id)
-
-    def _store_and_report(self, lease: Lease, job: Job, pixels, timings: dict[str, float]) -> None:
-        try:
-            t0 = time.perf_counter()
-            data, content_type = encode_image(pixels, job.output_format)
-            t1 = time.perf_counter()
-            obj = self.store.put(job.task_id, data, content_type)
-            t2 = time.perf_counter()
-        except Exception as e:
-            log.exception("task %s failed after generation", job.task_id)
-            self._fail(lease, "storage_failed", f"{type(e).__name__}: {e}", retryable=True)
-            return
-        timings.update(encode=(t1 - t0) * 1e3, store=(t2 - t1) * 1e3)
-        result = TaskResult(uri=obj.uri, content_type=content_type, width=job.width, height=job.height,
-                            seed=job.seed, bytes=obj.bytes, sha256=obj.sha256, timings_ms=timings)
-        self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
-                                    status="succeeded", result=result))
 
     # ------------------------------------------------------------ reporting
 

@@ -1,34 +1,13 @@
 """Lockstep generation in a one-rank gloo group: outcome agreement and failure capture."""
 
 import numpy as np
-import pytest
-import torch.distributed as dist
 
-from worker.config import DistributedConfig
-from worker.distributed import DistContext, init_distributed
+from worker.distributed import DistContext
 from worker.engine import Picture
 from worker.lockstep import generate
 from worker.validation import Job
 
 JOB = Job(task_id="t", prompt="p", width=64, height=64, steps=1, seed=3, output_format="png")
-
-
-@pytest.fixture(scope="module")
-def ctx(monkeypatch_module):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
-        monkeypatch_module.delenv(var, raising=False)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    ctx = init_distributed(DistributedConfig(backend="gloo"), "cpu")
-    yield ctx
-    dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
 
 
 class FakeEngine:
