@@ -53,11 +53,12 @@ class Stack:
         return start_scheduler(self.tmp / "scheduler.db", self.port, self.tmp / "scheduler.log",
                                lease_ttl=self.lease_ttl, max_attempts=self.max_attempts)
 
-    def worker(self, nproc: int = 2, overrides: list[str] = (), max_restarts: int = 0) -> Proc:
+    def worker(self, nproc: int = 2, overrides: list[str] = (), max_restarts: int = 0,
+               env: dict[str, str] | None = None) -> Proc:
         ov = [f"queue.url={self.url}", f"storage.local.root={self.images}", f"model.source={self.model}",
               "queue.heartbeat_interval_s=1.0", "safety.text.backend=profanity", *overrides]
         proc = start_worker(TINY_CONFIG, nproc, self.tmp / f"worker{len(self.workers)}.log", ov,
-                            max_restarts=max_restarts)
+                            max_restarts=max_restarts, env=env)
         self.workers.append(proc)
         return proc
 
