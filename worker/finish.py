@@ -35,7 +35,7 @@ class Done:
 
 
 def failure(code: str, message: str, *, retryable: bool, details: dict | None = None) -> Done:
-    log.info("%s: %s", code, message)
+    """The serve loop logs it with the task id and adds its worker id when it reports."""
     return Done(error=ErrorEnvelope(code=code, message=message[:4000], retryable=retryable, details=details))
 
 

@@ -19,18 +19,17 @@ import logging
 import socket
 import threading
 from collections import deque
-from importlib import metadata
-
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from importlib import metadata
 
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
-from scheduler.protocol import DeviceInfo, ErrorEnvelope, Lease, RegisterWorker, Report
+from scheduler.protocol import DeviceInfo, Lease, RegisterWorker, Report
 from worker import lockstep
 from worker.config import WorkerConfig
 from worker.distributed import DistContext, broadcast
 from worker.engine import Engine
-from worker.finish import Done, Finisher
+from worker.finish import Done, Finisher, failure
 from worker.heartbeat import HeartbeatThread, WorkerState
 from worker.queue_client import AuthError, LeaseLost, NotFound, QueueClient, QueueError, Unavailable
 from worker.storage import Store
@@ -60,7 +59,6 @@ class Coordinator:
         self.cfg = cfg
         self.ctx = ctx
         self.client = client
-        self.store = store
         self.guard = guard
         self.state = WorkerState()
         self.state.warnings = list(guard.warnings)
@@ -160,17 +158,8 @@ class Coordinator:
             done: Done = future.result()
         except Exception as e:  # a bug in the post stage: fail the task, keep serving
             log.exception("task %s: post-processing failed", lease.task_id)
-            self._fail(lease, "internal_error", f"{type(e).__name__}: {e}", retryable=True)
-            return
-        if done.error is not None:
-            error = done.error.model_copy(update={"worker_id": self.worker_id})
-            self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
-                                        status="failed", error=error))
-        elif done.result is not None:
-            self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
-                                        status="succeeded", result=done.result))
-        else:  # lease lost: a newer attempt reports
-            self.state.end(lease.task_id)
+            done = failure("internal_error", f"{type(e).__name__}: {e}", retryable=True)
+        self._deliver_done(lease, done)
 
     def _release_backlog(self, reason: str) -> None:
         """Leased but never started: hand back at once rather than at lease expiry."""
@@ -256,15 +245,24 @@ class Coordinator:
 
     def _fail(self, lease: Lease, code: str, message: str, *, retryable: bool,
               details: dict | None = None) -> None:
-        log.info("task %s failed: %s: %s", lease.task_id, code, message)
-        error = ErrorEnvelope(code=code, message=message[:4000], retryable=retryable,
-                              worker_id=self.worker_id, details=details)
-        self._deliver(lease, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
-                                    status="failed", error=error))
+        self._deliver_done(lease, failure(code, message, retryable=retryable, details=details))
+
+    def _deliver_done(self, lease: Lease, done: Done) -> None:
+        if done.error is not None:
+            log.info("task %s failed: %s: %s", lease.task_id, done.error.code, done.error.message)
+            error = done.error.model_copy(update={"worker_id": self.worker_id})
+            rep = Report(worker_id=self.worker_id, lease_token=lease.lease_token, status="failed", error=error)
+        elif done.result is not None:
+            rep = Report(worker_id=self.worker_id, lease_token=lease.lease_token, status="succeeded",
+                         result=done.result)
+        else:  # lease lost: a newer attempt reports
+            self.state.end(lease.task_id)
+            return
+        self._deliver(lease, rep)
 
     def _deliver(self, lease: Lease, rep: Report) -> None:
         """Final report. If it cannot be delivered, the lease expires and the task is retried; the
-        object name is derived from the task id, so the retry overwrites rather than duplicates."""
+        object name is derived from the task id, so the retry cannot leave a second object."""
         try:
             self.client.report(lease.task_id, rep, deadline_s=self.cfg.queue.report_deadline_s)
         except LeaseLost as e:
