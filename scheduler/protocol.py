@@ -58,7 +58,9 @@ class TaskResult(BaseModel):
     bytes: int
     sha256: str
     url: str | None = Field(None, description="a signed HTTPS URL, when the worker is configured to sign")
-    timings_ms: dict[str, float] = {}
+    timings_ms: dict[str, float] = Field({}, description="wall time per stage: lease, text_check, admit, wait, "
+                                         "broadcast, embed, denoise, vae, gather, generate, image_check, encode, store")
+    batch_size: int = Field(1, description="images generated together with this one on its rank")
 
 
 class TaskView(_Strict):

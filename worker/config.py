@@ -25,7 +25,9 @@ class QueueConfig(_Section):
     token_env: str = "DIT_WORKER_TOKEN"
     timeout_s: float = Field(10.0, gt=0)
     lease_wait_s: float = Field(10.0, ge=0, le=60, description="long-poll wait per lease call")
-    max_tasks: int = Field(1, ge=1, le=256)
+    # The most one lease call asks for; the worker leases ahead only what one round can hold
+    # (batch.max_size x ranks in data-parallel mode).
+    max_tasks: int = Field(8, ge=1, le=256)
     heartbeat_interval_s: float = Field(30.0, gt=0)
     # How long a result report keeps retrying before the lease expiry takes over.
     report_deadline_s: float = Field(45.0, gt=0)
@@ -47,6 +49,9 @@ class ModelConfig(_Section):
     device: Literal["auto", "cuda", "cpu"] = "auto"
     guidance_scale: float = 0.0
     max_sequence_length: int = Field(256, ge=1, le=512)
+    # Benchmarks only: build this architecture with random weights instead of loading `source`.
+    # Speed does not depend on the values; the images are noise.
+    random_arch: Literal["none", "tiny", "flux.1-schnell"] = "none"
 
 
 class LimitsConfig(_Section):
@@ -88,6 +93,42 @@ class WarmupConfig(_Section):
     # (width, height) pairs generated once before the worker reports ready.
     sizes: tuple[tuple[int, int], ...] = ((1360, 768),)
     prompt: str = "a lighthouse on a cliff at dawn"
+
+
+class BatchConfig(_Section):
+    """Compatible tasks (same size and steps) generated together, each with its own seed."""
+
+    max_size: int = Field(1, ge=1, le=64, description="images per rank per generation")
+    # How long a partial batch waits for more compatible tasks before it starts anyway.
+    window_s: float = Field(0.0, ge=0, le=10)
+
+
+class ParallelConfig(_Section):
+    """How the ranks share work. data: each rank generates its own share of a round of tasks.
+    context: all ranks generate the same images together (diffusers context parallelism), for the
+    lowest latency per image."""
+
+    mode: Literal["data", "context"] = "data"
+    # context mode: Ulysses (all-to-all of heads) or Ring (needs an attention backend returning LSE).
+    context_kind: Literal["ulysses", "ring"] = "ulysses"
+
+
+class SpeedConfig(_Section):
+    """Per-device speed-ups, each independent; validated together at start and warmed up for every
+    warm-up size and batch size before the worker reports ready."""
+
+    compile: bool = Field(False, description="torch.compile the transformer")
+    compile_vae: bool = Field(False, description="torch.compile the VAE decoder")
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = "default"
+    fuse_qkv: bool = Field(False, description="fused QKV projections in the transformer")
+    channels_last_vae: bool = False
+    # diffusers attention backend name (e.g. native, flash, _native_cudnn, sage); "" keeps the default.
+    attention_backend: str = ""
+    fp8: bool = Field(False, description="torchao fp8 dynamic activation+weight, per-row scales")
+    prompt_cache_size: int = Field(0, ge=0, le=100_000, description="prompt embeddings kept; 0: off")
+    # For cards too small to hold every component: model keeps one component at a time on the
+    # device; sequential streams layers (much slower, least memory).
+    offload: Literal["none", "model", "sequential"] = "none"
 
 
 class LocalStorageConfig(_Section):
@@ -171,6 +212,9 @@ class WorkerConfig(_Section):
     model: ModelConfig = ModelConfig()
     limits: LimitsConfig = LimitsConfig()
     warmup: WarmupConfig = WarmupConfig()
+    batch: BatchConfig = BatchConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    speed: SpeedConfig = SpeedConfig()
     encode: EncodeConfig = EncodeConfig()
     storage: StorageConfig = StorageConfig()
     safety: SafetyConfig = SafetyConfig()
@@ -196,7 +240,23 @@ class WorkerConfig(_Section):
             if w % 16 or h % 16 or not (lim.min_side <= min(w, h) and max(w, h) <= lim.max_side):
                 raise ValueError(f"warmup.sizes: {w}x{h} is not a size the limits allow "
                                  f"(multiples of 16 within [{lim.min_side}, {lim.max_side}])")
+        self._speed_fits_device()
         return self
+
+    def _speed_fits_device(self) -> None:
+        """What can be refused from the file alone; worker.speed checks the device at start."""
+        sp, dev = self.speed, self.model.device
+        if dev == "cpu":
+            for name in ("fp8", "offload"):
+                if getattr(sp, name) not in (False, "none"):
+                    raise ValueError(f"speed.{name}: needs a CUDA device (model.device is cpu)")
+        if sp.fp8 and self.model.dtype == "float32":
+            raise ValueError("speed.fp8: quantizes a bfloat16/float16 model; set model.dtype")
+        if sp.offload != "none" and self.parallel.mode == "context":
+            raise ValueError("speed.offload: cannot be combined with parallel.mode = 'context'")
+        if sp.offload == "sequential" and (sp.compile or sp.fp8):
+            raise ValueError("speed.offload: 'sequential' streams weights layer by layer; "
+                             "it cannot be combined with speed.compile or speed.fp8")
 
 
 class ConfigError(Exception):

@@ -117,6 +117,17 @@ def all_gather(obj: Any, ctx: DistContext, group: Any = None) -> list[Any]:
     return out
 
 
+def gather(obj: Any, ctx: DistContext, group: Any = None) -> list[Any]:
+    """Every rank's object on rank 0, in rank order; the others get []. Images travel this way, over
+    the collective backend: no rank but 0 does network I/O."""
+    out: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
+    try:
+        dist.gather_object(obj, out, dst=0, group=group or ctx.serve_group)
+    except Exception as e:
+        raise CollectiveError(f"gather failed: {e}") from e
+    return out or []
+
+
 def _comm_device(ctx: DistContext) -> torch.device:
     return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
 

@@ -51,16 +51,18 @@ class Finisher:
         self._include_prompt = bool(gcs and gcs.include_prompt)
 
     def run(self, lease: Lease, job: Job, out: Outcome) -> Done:
-        timings = {"generate": out.seconds * 1e3}
+        # Wall times in ms of each stage this task went through; a batch's stages are shared by
+        # its tasks, so each reports the batch's time and its batch_size.
+        timings = {**out.timings, "generate": out.seconds * 1e3}
         t0 = time.perf_counter()
         refusal = self._check(job, out)
-        timings["checks"] = (time.perf_counter() - t0) * 1e3
+        timings["image_check"] = (time.perf_counter() - t0) * 1e3
         if refusal is not None:
             return refusal
         if self.state.is_lost(job.task_id):  # a newer attempt owns the task and its object
             log.warning("task %s: lease lost; result discarded", job.task_id)
             return Done()
-        return self._store(lease, job, out.image, timings)
+        return self._store(lease, job, out.image, timings, out.batch_size)
 
     def _check(self, job: Job, out: Outcome) -> Done | None:
         """Quality, then content. None when the image may be stored."""
@@ -91,7 +93,7 @@ class Finisher:
         except Exception:
             log.exception("task %s: could not quarantine the flagged image", job.task_id)
 
-    def _store(self, lease: Lease, job: Job, pixels, timings: dict[str, float]) -> Done:
+    def _store(self, lease: Lease, job: Job, pixels, timings: dict[str, float], batch_size: int) -> Done:
         t0 = time.perf_counter()
         data, content_type = encode_image(pixels, job.output_format, self.cfg.encode)
         t1 = time.perf_counter()
@@ -107,7 +109,7 @@ class Finisher:
         timings.update(encode=(t1 - t0) * 1e3, store=(time.perf_counter() - t1) * 1e3)
         return Done(result=TaskResult(
             uri=obj.uri, url=obj.url, content_type=content_type, width=job.width, height=job.height,
-            seed=job.seed, bytes=obj.bytes, sha256=obj.sha256, timings_ms=timings))
+            seed=job.seed, bytes=obj.bytes, sha256=obj.sha256, timings_ms=timings, batch_size=batch_size))
 
     def _metadata(self, job: Job) -> dict[str, str]:
         meta = {"task_id": job.task_id, "seed": str(job.seed), "model": self.cfg.model.name,

@@ -16,7 +16,7 @@ import torch
 from safety.guard import Guard
 from safety.verdicts import SafetyLoadError
 from scheduler.protocol import DeviceInfo
-from worker import distributed, lockstep
+from worker import distributed, lockstep, speed
 from worker.config import ConfigError, WorkerConfig, load_config
 from worker.engine import Engine
 from worker.queue_client import QueueClient
@@ -36,8 +36,9 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
     ctx = distributed.init_distributed(cfg.distributed, cfg.model.device)
     # Rank-0-only work is decided here and nowhere else: queue, heartbeat, storage, safety, reports.
     try:
+        speed.check(cfg.speed, cfg.parallel, ctx.device, ctx.world_size)  # every rank, before registering
         coordinator = _build_coordinator(cfg, ctx) if ctx.is_coordinator else None
-    except (SafetyLoadError, StorageConfigError) as e:
+    except (SafetyLoadError, StorageConfigError, speed.SpeedConfigError) as e:
         # Fail closed: never register, never serve unchecked or undeliverable. torchrun stops the
         # other ranks.
         log.critical("not starting: %s", e)
@@ -47,13 +48,14 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
         devices = distributed.all_gather(_describe(ctx.device), ctx)
         if coordinator:
             coordinator.register(devices)
-        engine = Engine.load(cfg.model, ctx.device)
-        lockstep.warm_up(engine, cfg.warmup.sizes, cfg.warmup.prompt, cfg.limits.default_steps, ctx)
+        engine = Engine.load(cfg.model, ctx.device, cfg.speed, cfg.parallel, ctx.world_size)
+        lockstep.warm_up(engine, cfg.warmup.sizes, range(1, cfg.batch.max_size + 1), cfg.warmup.prompt,
+                         cfg.limits.default_steps, ctx, cfg.parallel.mode)
         distributed.enter_serving(ctx, cfg.distributed)
         if coordinator:
             coordinator.serve(engine)
         else:
-            log.info("follower stopped: %s", lockstep.follow(engine, ctx))
+            log.info("follower stopped: %s", lockstep.follow(engine, ctx, cfg.parallel.mode))
     except distributed.CollectiveError as e:
         # Peers may be stuck in the collective: exit at once, torchrun restarts the group.
         log.critical("%s; exiting so the group is restarted", e)

@@ -1,10 +1,13 @@
 """Rank 0's serve loop: the request lifecycle, one stage a method.
 
-    lease -> validate -> text check -> report processing -> broadcast -> generate (all ranks)
-          -> agree -> [post pool: quality check -> image check -> encode -> store] -> report result
+    [intake thread: lease -> validate -> text check -> report processing]  (worker.intake)
+      -> take a round of compatible jobs -> broadcast -> generate (all ranks, worker.lockstep)
+      -> [post pool: quality check -> image check -> encode -> store]  (worker.finish)
+      -> report results in lease order
 
-The post stage (worker.finish) runs in a bounded pool while the next image generates; results are
-reported in lease order, and while rank 0 waits on the pool it keeps its followers alive with Idle.
+The intake leases and checks the next round while the current one generates, and the post pool
+works on the previous round: the GPU waits on neither. While rank 0 waits for work or for the pool,
+it keeps its followers alive with Idle.
 
 Any exception while handling a task fails that task with an error envelope and the loop goes on; a
 CollectiveError propagates and the process exits (see worker.distributed). So does Unhealthy, when
@@ -16,21 +19,26 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import resource
 import socket
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from importlib import metadata
 
+import torch
+
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
 from scheduler.protocol import DeviceInfo, Lease, RegisterWorker, Report
-from worker import lockstep
+from worker import lockstep, parallel
 from worker.config import WorkerConfig
 from worker.distributed import DistContext, broadcast
 from worker.engine import Engine
 from worker.finish import Done, Finisher, failure
 from worker.heartbeat import HeartbeatThread, WorkerState
+from worker.intake import Admitted, Intake
 from worker.queue_client import AuthError, LeaseLost, NotFound, QueueClient, QueueError, Unavailable
 from worker.storage import Store
 from worker.validation import InvalidRequest, Job, validate_task
@@ -70,8 +78,8 @@ class Coordinator:
         self.worker_id = ""
         self._devices: list[DeviceInfo] = []
         self._heartbeat: HeartbeatThread | None = None
-        self._backlog: deque[Lease] = deque()  # leased, not yet admitted
-        self._leases: dict[str, Lease] = {}  # admitted, not yet finally reported
+        self._capacity = parallel.capacity(cfg.batch.max_size, ctx.world_size, cfg.parallel.mode)
+        self.intake = Intake(self._lease, self._admit, target=self._capacity)
         self._stop = threading.Event()
         self._idle_failures = 0
 
@@ -98,15 +106,17 @@ class Coordinator:
     def request_stop(self) -> None:
         """Graceful drain: stop leasing, finish what is held, then shut the followers down."""
         if not self._stop.is_set():
-            log.info("draining: no new leases; finishing %d held task(s)", len(self._backlog))
+            log.info("draining: no new leases; finishing the tasks held")
             self.state.set_status("draining")
             self._stop.set()
+            self.intake.stop()
 
     def serve(self, engine: Engine) -> None:
         self.state.set_counter("images_generated", engine.generations)  # warm-up included
         self.state.set_status("ready")
+        self.intake.start()
         try:
-            while not (self._stop.is_set() and not self._backlog):
+            while not (self._stop.is_set() and self.intake.drained()):
                 self._turn(engine)
                 if reason := self.guard.unhealthy():
                     self._settle(limit=0)
@@ -121,23 +131,32 @@ class Coordinator:
                 self._heartbeat.stop()
 
     def _turn(self, engine: Engine) -> None:
-        self._settle(limit=self.cfg.storage.max_pending - 1)
-        job = self._next_job()
-        if job is None:
+        self._settle(limit=self.cfg.storage.max_pending - self._capacity)
+        batch = self.cfg.batch
+        round_ = self.intake.take(self._capacity, batch.window_s, wait_s=self._keepalive_s)
+        if not round_:
             broadcast(lockstep.Idle(), self.ctx)
             return
-        broadcast(lockstep.Generate(job), self.ctx)
-        out = lockstep.generate(engine, job, self.ctx)
+        jobs = [a.job for a in round_]
+        t0 = time.perf_counter()
+        broadcast(lockstep.Generate(tuple(jobs)), self.ctx)
+        sent_ms = (time.perf_counter() - t0) * 1e3
+        outs = lockstep.generate(engine, jobs, self.ctx, self.cfg.parallel.mode)
         self.state.set_counter("images_generated", engine.generations)
-        self._finish(job, out)
+        self.state.set_counter("peak_memory_mb", _peak_memory_mb(self.ctx))
+        for admitted, out in zip(round_, outs):
+            self._finish(admitted, out, sent_ms)
 
-    def _finish(self, job: Job, out: lockstep.Outcome) -> None:
+    def _finish(self, admitted: Admitted, out: lockstep.Outcome, sent_ms: float) -> None:
         """Hands a generated job to the post pool (checks, encode, store); reported by _settle."""
-        lease = self._leases.pop(job.task_id)
+        lease = admitted.lease
         if out.errors:
             self._fail(lease, "generation_failed", "; ".join(out.errors), retryable=True)
             return
-        self._pending.append((lease, self._post.submit(self.finisher.run, lease, job, out)))
+        out.timings = {**admitted.timings, "broadcast": sent_ms, **out.timings}
+        future = self._post.submit(self.finisher.run, lease, admitted.job, out)
+        future.add_done_callback(lambda _: self.intake.nudge())  # report it without waiting for work
+        self._pending.append((lease, future))
 
     def _settle(self, limit: int) -> None:
         """Reports finished post-processing in lease order, and waits until at most `limit` tasks
@@ -163,28 +182,19 @@ class Coordinator:
 
     def _release_backlog(self, reason: str) -> None:
         """Leased but never started: hand back at once rather than at lease expiry."""
-        while self._backlog:
-            self._fail(self._backlog.popleft(), "worker_unhealthy", reason, retryable=True)
+        q = self.cfg.queue
+        for admitted in self.intake.close(join_s=q.lease_wait_s + q.timeout_s):
+            self._fail(admitted.lease, "worker_unhealthy", reason, retryable=True)
 
     # ------------------------------------------------------------ stages
 
-    def _next_job(self) -> Job | None:
-        """lease -> validate -> report processing. None when there is nothing to run this turn."""
-        if not self._backlog and not self._stop.is_set():
-            self._backlog.extend(self._lease())
-        while self._backlog:
-            lease = self._backlog.popleft()
-            job = self._admit(lease)
-            if job is not None:
-                return job
-        return None
-
-    def _lease(self) -> list[Lease]:
+    def _lease(self, n: int) -> list[Lease]:
+        """On the intake thread. Up to n leases; [] after an error it has waited out."""
         if self.state.worker_unknown.is_set():
             self.state.worker_unknown.clear()
             self.register(self._devices)
         try:
-            leases = self.client.lease(self.worker_id, self.cfg.queue.max_tasks, self.cfg.queue.lease_wait_s)
+            leases = self.client.lease(self.worker_id, min(n, self.cfg.queue.max_tasks), self.cfg.queue.lease_wait_s)
         except NotFound:
             self.state.worker_unknown.set()
             return []
@@ -207,23 +217,37 @@ class Coordinator:
         log.warning("lease failed (%s); next try in %.1fs", err, wait)
         self._stop.wait(wait)
 
-    def _admit(self, lease: Lease) -> Job | None:
+    def _admit(self, lease: Lease, timings: dict[str, float]) -> Job | None:
+        """On the intake thread: validate -> text check -> report processing. None: the task was
+        failed (and reported) or dropped."""
         try:
-            job = validate_task(lease.task_id, lease.input, self.cfg.limits)
+            job = self._validate(lease)
         except InvalidRequest as e:
             self._fail(lease, "invalid_request", str(e), retryable=False)
             return None
-        if not self._prompt_allowed(lease, job):
+        t0 = time.perf_counter()
+        allowed = self._prompt_allowed(lease, job)
+        t1 = time.perf_counter()
+        timings["text_check"] = (t1 - t0) * 1e3
+        if not allowed:
             return None
-        if job.seed is None:
-            job = job.model_copy(update={"seed": default_seed(job.task_id)})
         try:
             self._report(lease, "processing")
         except QueueError as e:  # lease lost (409) or the report could not be delivered
             log.warning("task %s dropped before generation: %s", lease.task_id, e)
             self.state.end(lease.task_id)
             return None
-        self._leases[job.task_id] = lease
+        timings["admit"] = (time.perf_counter() - t1) * 1e3
+        return job
+
+    def _validate(self, lease: Lease) -> Job:
+        job = validate_task(lease.task_id, lease.input, self.cfg.limits)
+        if job.seed is None:
+            job = job.model_copy(update={"seed": default_seed(job.task_id)})
+        if self.cfg.parallel.mode == "context" and self.ctx.world_size > 1:
+            if why := parallel.sequence_fits(job.width, job.height, self.cfg.model.max_sequence_length,
+                                             self.ctx.world_size):
+                raise InvalidRequest(why)
         return job
 
     def _prompt_allowed(self, lease: Lease, job: Job) -> bool:
@@ -263,6 +287,7 @@ class Coordinator:
     def _deliver(self, lease: Lease, rep: Report) -> None:
         """Final report. If it cannot be delivered, the lease expires and the task is retried; the
         object name is derived from the task id, so the retry cannot leave a second object."""
+        t0 = time.perf_counter()
         try:
             self.client.report(lease.task_id, rep, deadline_s=self.cfg.queue.report_deadline_s)
         except LeaseLost as e:
@@ -271,6 +296,8 @@ class Coordinator:
             log.error("task %s: report undeliverable, lease will expire: %s", lease.task_id, e)
         else:
             self.state.count(f"tasks_{rep.status}")
+            self.state.count("report_us_total", int((time.perf_counter() - t0) * 1e6))
+            self.state.count("reports")
             if rep.status == "succeeded":
                 log.info("task %s succeeded: %s", lease.task_id, rep.result.uri)
         finally:
@@ -279,6 +306,13 @@ class Coordinator:
     def _report(self, lease: Lease, status: str) -> None:
         self.client.report(lease.task_id, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
                                                  status=status), deadline_s=self.cfg.queue.report_deadline_s)
+
+
+def _peak_memory_mb(ctx: DistContext) -> int:
+    """Rank 0's peak: device memory on CUDA, the process's resident set on CPU."""
+    if ctx.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(ctx.device) >> 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
 
 
 def _version() -> str:

@@ -12,6 +12,7 @@ from safety.guard import Guard
 from scheduler.protocol import Lease, TaskResult
 from worker.config import WorkerConfig
 from worker.finish import Done, failure
+from worker.intake import Admitted
 from worker.lockstep import Outcome
 from worker.serve import Coordinator
 from worker.validation import Job
@@ -53,8 +54,7 @@ def submit(coord: Coordinator, task_id: str) -> None:
     lease = Lease(task_id=task_id, input={}, created_at=0.0, lease_token="tok", lease_deadline=0.0,
                   lease_ttl_s=10.0, attempt=1)
     job = Job(task_id=task_id, prompt="p", width=64, height=64, steps=1, seed=1, output_format="png")
-    coord._leases[task_id] = lease
-    coord._finish(job, Outcome(np.zeros((64, 64, 3), np.uint8), [], 0.1))
+    coord._finish(Admitted(lease, job), Outcome(np.zeros((64, 64, 3), np.uint8), [], 0.1), sent_ms=0.0)
 
 
 def test_reports_follow_lease_order_while_post_processing_overlaps(ctx):
