@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test bench-safety scheduler node clean
+.PHONY: install demo test bench bench-safety scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,15 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
+# CPU). On a GPU: make bench BENCH_ARGS="--config configs/flux-schnell.toml --random-weights --sweep"
+BENCH_ARGS ?= --config configs/tiny.toml
+bench: install models/tiny-flux/model_index.json
+	$(PY) -m worker bench $(BENCH_ARGS) --out $(BENCH_OUT)
+
+models/tiny-flux/model_index.json:
+	$(PY) -m worker make-tiny-model models/tiny-flux
 
 # Milliseconds each safety check adds per prompt / image (random-weight real architectures).
 bench-safety: install

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed"})
 WorkerStatus = Literal["initializing", "ready", "occupied", "draining"]
-ReportStatus = Literal["processing", "succeeded", "failed"]
+# released: leased but never started, handed back (the attempt does not count).
+ReportStatus = Literal["processing", "succeeded", "failed", "released"]
 
 
 class _Strict(BaseModel):
@@ -61,6 +62,7 @@ class TaskResult(BaseModel):
     timings_ms: dict[str, float] = Field({}, description="wall time per stage: lease, text_check, admit, wait, "
                                          "broadcast, embed, denoise, vae, gather, generate, image_check, encode, store")
     batch_size: int = Field(1, description="images generated together with this one on its rank")
+    rank: int = Field(0, description="the rank that generated it (data-parallel mode)")
 
 
 class TaskView(_Strict):

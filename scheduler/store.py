@@ -242,6 +242,12 @@ class TaskStore:
                     " started_at = COALESCE(started_at, ?) WHERE id = ?",
                     (leases.deadline(now, self.lease_ttl_s), now, now, task_id),
                 )
+            elif rep.status == "released":
+                # Leased but never started (the worker is going down): back in the queue, and the
+                # attempt does not count. The last error, if any, is kept.
+                db.execute(
+                    "UPDATE tasks SET status = 'queued', attempts = MAX(attempts - 1, 0), lease_token = NULL,"
+                    " lease_deadline = NULL, updated_at = ? WHERE id = ?", (now, task_id))
             elif rep.status == "succeeded":
                 db.execute(
                     "UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"

@@ -3,6 +3,7 @@
     dit-worker serve --config configs/tiny.toml [--set queue.url=...]   one rank (torchrun runs several)
     dit-worker make-tiny-model models/tiny-flux     build the offline random-weight test model
     dit-worker detoxify-offline SRC.ckpt HF_DIR DST.ckpt   make a released detoxify checkpoint load offline
+    dit-worker bench --config configs/tiny.toml --out var/bench   baseline vs optimised vs worker
 """
 
 from __future__ import annotations
@@ -30,12 +31,24 @@ def main(argv: list[str] | None = None) -> int:
     detox.add_argument("checkpoint")
     detox.add_argument("hf_dir")
     detox.add_argument("output")
+    bench = sub.add_parser("bench", help="images/min of a plain diffusers loop, the optimised engine and the "
+                           "full worker, side by side (writes bench.json and bench.png)")
+    from worker.bench import add_arguments
+
+    add_arguments(bench)
     args = p.parse_args(argv)
 
     if args.command == "serve":
         from worker.main import run
 
         return run(args.config, args.set)
+    if args.command == "bench":
+        import logging
+
+        from worker.bench import run
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return run(args)
     if args.command == "detoxify-offline":
         from safety.text import make_offline_checkpoint
 

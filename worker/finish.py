@@ -62,7 +62,7 @@ class Finisher:
         if self.state.is_lost(job.task_id):  # a newer attempt owns the task and its object
             log.warning("task %s: lease lost; result discarded", job.task_id)
             return Done()
-        return self._store(lease, job, out.image, timings, out.batch_size)
+        return self._store(lease, job, out.image, timings, out.batch_size, out.rank)
 
     def _check(self, job: Job, out: Outcome) -> Done | None:
         """Quality, then content. None when the image may be stored."""
@@ -93,7 +93,8 @@ class Finisher:
         except Exception:
             log.exception("task %s: could not quarantine the flagged image", job.task_id)
 
-    def _store(self, lease: Lease, job: Job, pixels, timings: dict[str, float], batch_size: int) -> Done:
+    def _store(self, lease: Lease, job: Job, pixels, timings: dict[str, float], batch_size: int,
+               rank: int) -> Done:
         t0 = time.perf_counter()
         data, content_type = encode_image(pixels, job.output_format, self.cfg.encode)
         t1 = time.perf_counter()
@@ -109,7 +110,8 @@ class Finisher:
         timings.update(encode=(t1 - t0) * 1e3, store=(time.perf_counter() - t1) * 1e3)
         return Done(result=TaskResult(
             uri=obj.uri, url=obj.url, content_type=content_type, width=job.width, height=job.height,
-            seed=job.seed, bytes=obj.bytes, sha256=obj.sha256, timings_ms=timings, batch_size=batch_size))
+            seed=job.seed, bytes=obj.bytes, sha256=obj.sha256, timings_ms=timings, batch_size=batch_size,
+            rank=rank))
 
     def _metadata(self, job: Job) -> dict[str, str]:
         meta = {"task_id": job.task_id, "seed": str(job.seed), "model": self.cfg.model.name,

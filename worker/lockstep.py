@@ -48,6 +48,7 @@ class Outcome:
     nonfinite: int = 0  # see engine.Picture
     timings: dict[str, float] = field(default_factory=dict)  # ms: embed, denoise, vae, gather
     batch_size: int = 1
+    rank: int = 0  # the rank that generated it
 
 
 @dataclass
@@ -100,7 +101,7 @@ def _outcomes(jobs: list[Job], parts: list[_Part], errors: list[str], mode: str,
         slots = range(len(jobs)) if mode == "context" or world == 1 else range(rank, len(jobs), world)
         for slot, (pixels, nonfinite) in zip(slots, part.images):
             out[slot] = Outcome(pixels, [], seconds, nonfinite, {**part.timings, "gather": gathered_ms},
-                                len(part.images))
+                                len(part.images), rank if mode == "data" else 0)
     return out
 
 

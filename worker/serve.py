@@ -183,8 +183,12 @@ class Coordinator:
     def _release_backlog(self, reason: str) -> None:
         """Leased but never started: hand back at once rather than at lease expiry."""
         q = self.cfg.queue
-        for admitted in self.intake.close(join_s=q.lease_wait_s + q.timeout_s):
-            self._fail(admitted.lease, "worker_unhealthy", reason, retryable=True)
+        left = self.intake.close(join_s=q.lease_wait_s + q.timeout_s)
+        if left:
+            log.warning("releasing %d task(s) never started: %s", len(left), reason)
+        for admitted in left:
+            self._deliver(admitted.lease, Report(worker_id=self.worker_id, lease_token=admitted.lease.lease_token,
+                                                 status="released"))
 
     # ------------------------------------------------------------ stages
 

@@ -223,3 +223,17 @@ def test_a_database_from_before_the_worker_columns_is_migrated(tmp_path, clock):
     s.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, counters={"n": 1}))
     assert s.workers()[0].counters == {"n": 1}
     s.close()
+
+
+def test_a_released_task_is_requeued_and_its_attempt_does_not_count(store):
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claim(w, 1)
+    store.report(t.id, fail(lease.lease_token, w, retryable=True))  # attempt 1 of 2 really ran
+    lease, = store.claim(w, 1)
+    view = store.report(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="released"))
+    assert view.status == "queued" and view.attempts == 1 and view.error.code == "boom"  # last error kept
+    lease, = store.claim(w, 1)
+    assert lease.attempt == 2  # a healthy worker still gets its full second attempt
+    with pytest.raises(Conflict):  # the released token is dead
+        store.report(t.id, Report(worker_id=w, lease_token="stale", status="released"))
