@@ -74,6 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+
+    for lib in (dlog, tlog):  # progress bars and per-call chatter would bury the figures
+        lib.disable_progress_bar()
+        lib.set_verbosity_error()
     args.out.mkdir(parents=True, exist_ok=True)
     overrides = list(args.set)
     if args.random_weights:
@@ -131,7 +137,7 @@ def bare_baseline(cfg: WorkerConfig, jobs: list[Job], device: torch.device) -> d
         one(job)
         latencies.append(time.perf_counter() - t)
     result = _phase(len(jobs), time.perf_counter() - t0, latencies, {}, _peak_mb(device))
-    del pipe
+    pipe = None  # noqa: F841 (frees the model before the next phase)
     _free(device)
     return result
 
@@ -153,7 +159,7 @@ def bare_optimised(cfg: WorkerConfig, jobs: list[Job], device: torch.device) -> 
         latencies += [time.perf_counter() - t] * len(chunk)
         stages += [{k: v / len(chunk) for k, v in batch.timings.items()}] * len(chunk)
     result = _phase(len(jobs), time.perf_counter() - t0, latencies, _mean(stages), _peak_mb(device))
-    del engine
+    engine = None  # noqa: F841
     _free(device)
     return result
 
@@ -168,9 +174,11 @@ def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job],
     scheduler = start_scheduler(workdir / "scheduler.db", port, workdir / "scheduler.log", lease_ttl=120.0)
     worker = None
     try:
+        # The ranks share this machine's threads as the bare phases had them, so the comparison is fair.
+        threads = str(max(1, torch.get_num_threads() // args.nproc))
         worker = start_worker(Path(args.config), args.nproc, workdir / "worker.log", [
             *overrides, f"queue.url={url}", "queue.heartbeat_interval_s=1.0", "storage.kind=local",
-            f"storage.local.root={workdir / 'images'}"])
+            f"storage.local.root={workdir / 'images'}"], env={"OMP_NUM_THREADS": threads})
         client = Client(url)
         _wait_ready(client, worker, timeout=1800)
         t0 = time.time()
@@ -393,9 +401,9 @@ def plot(report: dict, path: Path) -> None:
     stages = ["lease", "text_check", "admit", "broadcast", "embed", "denoise", "vae", "gather", "image_check",
               "encode", "store", "report"]
     bottom = [0.0] * len(sizes)
-    for stage in stages:
+    for i, stage in enumerate(stages):
         values = [worker[s].get(stage, 0.0) for s in sizes]
-        right.bar(range(len(sizes)), values, bottom=bottom, label=stage)
+        right.bar(range(len(sizes)), values, bottom=bottom, label=stage, color=plt.cm.tab20(i))
         bottom = [b + v for b, v in zip(bottom, values)]
     right.set_xticks(range(len(sizes)), sizes)
     right.set_ylabel("ms per image (worker, summed stages)")
