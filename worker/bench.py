@@ -218,7 +218,10 @@ def sweep(args, overrides: list[str], jobs: list[Job], device: torch.device, flo
     """The optimised pipeline with each switch added to the ones before it."""
     from worker import speed
 
-    rows, current = [], [o for o in overrides if not o.startswith(("speed.", "batch."))]
+    # From everything off, whatever the config file turns on; later overrides win.
+    off = ["speed.compile=false", "speed.compile_vae=false", "speed.fuse_qkv=false", "speed.channels_last_vae=false",
+           "speed.attention_backend=''", "speed.fp8=false", "batch.max_size=1"]
+    rows, current = [], [o for o in overrides if not o.startswith(("speed.", "batch."))] + off
     for label, extra in SWEEP:
         if extra is None:
             extra = [f"speed.attention_backend={args.attention}"] if args.attention else []
