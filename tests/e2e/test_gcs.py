@@ -64,15 +64,22 @@ def test_results_are_stored_read_back_and_identical(gcs_stack, tiny_model, monke
         with Image.open(io.BytesIO(data)) as img:
             assert img.format == fmt and img.size == (inp["width"], inp["height"])
     # Byte-identical to what this process generates and encodes for the same (prompt, seed, size).
-    from worker.config import ModelConfig
+    from launch.local import REPO
+    from worker.config import ModelConfig, load_config
     from worker.encode import encode_image
     from worker.engine import Engine
     from worker.validation import Job
 
     engine = Engine.load(ModelConfig(source=str(tiny_model), dtype="float32", device="cpu",
-                                     max_sequence_length=64), torch.device("cpu"))
-    pic = engine.generate(Job(task_id="x", prompt="a lighthouse", width=128, height=128, steps=4, seed=1,
-                              output_format="png"))
+                                     max_sequence_length=64), torch.device("cpu"),
+                         load_config(REPO / "configs" / "tiny.toml").speed)  # the worker's switches
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # like each worker rank: channels_last convolutions round by thread count
+    try:
+        pic = engine.generate(Job(task_id="x", prompt="a lighthouse", width=128, height=128, steps=4, seed=1,
+                                  output_format="png"))
+    finally:
+        torch.set_num_threads(threads)
     assert encode_image(pic.pixels, "png")[0] == blob_of(gcs_stack, done[ids[0]]).download_as_bytes()
 
 

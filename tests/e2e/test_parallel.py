@@ -14,7 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from worker.config import ModelConfig
+from launch.local import REPO
+from worker.config import ModelConfig, load_config
 from worker.encode import encode_image
 from worker.engine import Engine
 from worker.validation import Job
@@ -22,11 +23,21 @@ from worker.validation import Job
 
 @pytest.fixture(scope="module")
 def reference(tiny_model):
-    """What one unbatched rank in this process makes for a task input."""
+    """What one unbatched rank in this process makes for a task input, with the workers' [speed]."""
     engine = Engine.load(ModelConfig(source=str(tiny_model), dtype="float32", device="cpu", max_sequence_length=64),
-                         torch.device("cpu"))
+                         torch.device("cpu"), load_config(REPO / "configs" / "tiny.toml").speed)
 
     def make(inp: dict) -> np.ndarray:
+        # One thread, like each worker rank (launch.local): oneDNN's channels_last convolutions on a
+        # CPU round differently with another thread count.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return _generate(inp)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _generate(inp: dict) -> np.ndarray:
         return engine.generate(Job(task_id="ref", prompt=inp["prompt"], width=inp["width"], height=inp["height"],
                                    steps=4, seed=inp["seed"], output_format="png")).pixels
     return make
