@@ -23,7 +23,6 @@ import gc
 import json
 import logging
 import platform
-import resource
 import statistics
 import time
 from pathlib import Path
@@ -31,6 +30,8 @@ from pathlib import Path
 import torch
 
 from worker.config import WorkerConfig, load_config
+from worker.distributed import pick_device
+from worker.engine import peak_memory_mb
 from worker.validation import Job
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.random_weights:
         overrides += [f"model.random_arch={args.random_weights}", *_random_safety(args.out / "models")]
     cfg = load_config(args.config, overrides)
-    device = _device(cfg)
+    device = pick_device(cfg.model.device, local_rank=0)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.size] or list(cfg.warmup.sizes)
     phases = args.phases.split(",")
     report: dict = {"device": _describe(device), "config": args.config, "overrides": overrides,
@@ -136,7 +137,7 @@ def bare_baseline(cfg: WorkerConfig, jobs: list[Job], device: torch.device) -> d
         t = time.perf_counter()
         one(job)
         latencies.append(time.perf_counter() - t)
-    result = _phase(len(jobs), time.perf_counter() - t0, latencies, {}, _peak_mb(device))
+    result = _phase(len(jobs), time.perf_counter() - t0, latencies, {}, peak_memory_mb(device))
     pipe = None  # noqa: F841 (frees the model before the next phase)
     _free(device)
     return result
@@ -158,7 +159,7 @@ def bare_optimised(cfg: WorkerConfig, jobs: list[Job], device: torch.device) -> 
         batch = engine.generate_batch(chunk)
         latencies += [time.perf_counter() - t] * len(chunk)
         stages += [{k: v / len(chunk) for k, v in batch.timings.items()}] * len(chunk)
-    result = _phase(len(jobs), time.perf_counter() - t0, latencies, _mean(stages), _peak_mb(device))
+    result = _phase(len(jobs), time.perf_counter() - t0, latencies, _mean(stages), peak_memory_mb(device))
     engine = None  # noqa: F841
     _free(device)
     return result
@@ -344,12 +345,6 @@ def _random_safety(models: Path) -> list[str]:
             "safety.image.backend=hf", f"safety.image.hf.model={vit}", "safety.image.hf.threshold=1.0"]
 
 
-def _device(cfg: WorkerConfig) -> torch.device:
-    if cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", 0)
-
-
 def _describe(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -359,12 +354,6 @@ def _describe(device: torch.device) -> str:
 def _reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's, since start
 
 
 def _free(device: torch.device) -> None:

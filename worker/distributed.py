@@ -48,7 +48,7 @@ def init_distributed(cfg: DistributedConfig, device_pref: str) -> DistContext:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = _pick_device(device_pref, local_rank)
+    device = pick_device(device_pref, local_rank)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl":
         if device.type != "cuda":
@@ -89,7 +89,7 @@ def enter_serving(ctx: DistContext, cfg: DistributedConfig) -> None:
     ctx.serve_group = dist.new_group(backend=ctx.backend, timeout=timedelta(seconds=cfg.serve_timeout_s))
 
 
-def _pick_device(pref: str, local_rank: int) -> torch.device:
+def pick_device(pref: str, local_rank: int) -> torch.device:
     if pref == "cpu" or (pref == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():

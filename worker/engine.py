@@ -12,6 +12,7 @@ the kernels' rounding, never the noise or the conditioning.
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -145,6 +146,13 @@ def _build(cfg: ModelConfig, device: torch.device):
 
 def _origin(cfg: ModelConfig) -> str:
     return f"random weights ({cfg.random_arch} architecture)" if cfg.random_arch != "none" else cfg.source
+
+
+def peak_memory_mb(device: torch.device) -> int:
+    """Peak device memory on CUDA; on a CPU, the process's peak resident set since it started."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) >> 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
 
 
 def to_pictures(images: torch.Tensor) -> list[Picture]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import resource
 import socket
 import threading
 import time
@@ -27,15 +26,13 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from importlib import metadata
 
-import torch
-
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
 from scheduler.protocol import DeviceInfo, Lease, RegisterWorker, Report
 from worker import lockstep, parallel
 from worker.config import WorkerConfig
 from worker.distributed import DistContext, broadcast
-from worker.engine import Engine
+from worker.engine import Engine, peak_memory_mb
 from worker.finish import Done, Finisher, failure
 from worker.heartbeat import HeartbeatThread, WorkerState
 from worker.intake import Admitted, Intake
@@ -143,7 +140,7 @@ class Coordinator:
         sent_ms = (time.perf_counter() - t0) * 1e3
         outs = lockstep.generate(engine, jobs, self.ctx, self.cfg.parallel.mode)
         self.state.set_counter("images_generated", engine.generations)
-        self.state.set_counter("peak_memory_mb", _peak_memory_mb(self.ctx))
+        self.state.set_counter("peak_memory_mb", peak_memory_mb(self.ctx.device))
         for admitted, out in zip(round_, outs):
             self._finish(admitted, out, sent_ms)
 
@@ -310,13 +307,6 @@ class Coordinator:
     def _report(self, lease: Lease, status: str) -> None:
         self.client.report(lease.task_id, Report(worker_id=self.worker_id, lease_token=lease.lease_token,
                                                  status=status), deadline_s=self.cfg.queue.report_deadline_s)
-
-
-def _peak_memory_mb(ctx: DistContext) -> int:
-    """Rank 0's peak: device memory on CUDA, the process's resident set on CPU."""
-    if ctx.device.type == "cuda":
-        return torch.cuda.max_memory_allocated(ctx.device) >> 20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
 
 
 def _version() -> str:
