@@ -33,7 +33,7 @@ models/tiny-flux/model_index.json:
 
 # Milliseconds each safety check adds per prompt / image (random-weight real architectures).
 bench-safety: install
-	$(PY) -m safety.bench --out $(BENCH_OUT)/safety.json
+	$(PY) -m tools.safety_bench --out $(BENCH_OUT)/safety.json
 
 scheduler: install
 	$(PY) -m scheduler

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = REPO / "models" / "tiny-flux"
     if not (model / "model_index.json").exists():
-        from worker.tiny_model import make_tiny_model
+        from tools.tiny_model import make_tiny_model
 
         print(f"building the tiny random-weight model in {model}")
         make_tiny_model(model)

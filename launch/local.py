@@ -11,11 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import psutil
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,12 +26,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(predicate, timeout: float, what: str, proc: "Proc | None" = None, every_s: float = 0.1):
+    """Polls `predicate` until it returns something true (returned), for at most `timeout` seconds.
+    Fails at once, with the end of its log, if `proc` exits meanwhile."""
+    def check():
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) while waiting for {what}:\n"
+                               f"{proc.output()[-4000:]}")
+        return predicate()
+
+    try:
+        return Retrying(retry=retry_if_result(lambda v: not v), stop=stop_after_delay(timeout),
+                        wait=wait_fixed(every_s))(check)
+    except RetryError:
+        raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from None
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 class Proc:
     """A child process group with its output in a log file."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
                  cwd: Path = REPO) -> None:
         self.args = args
+        self.name = Path(args[2] if len(args) > 2 and args[1] == "-m" else args[0]).name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
@@ -90,17 +114,7 @@ def start_scheduler(db: Path, port: int, log_path: Path, lease_ttl: float = 15.0
 
 
 def wait_healthy(url: str, proc: Proc, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not proc.alive():
-            raise RuntimeError(f"scheduler exited:\n{proc.output()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"scheduler at {url} not healthy after {timeout}s")
+    wait_until(lambda: _answers(f"{url}/healthz"), timeout, f"the scheduler at {url}", proc)
 
 
 def start_worker(config: Path, nproc: int, log_path: Path, overrides: list[str] = (),
@@ -124,17 +138,8 @@ def start_gcs_emulator(port: int, log_path: Path, root: Path | None = None) -> P
     backend = ["-backend", "filesystem", "-filesystem-root", str(root)] if root else ["-backend", "memory"]
     proc = Proc([str(_get_binary_path()), "-scheme", "http", *backend, "-host", "127.0.0.1",
                  "-port", str(port), "-external-url", url, "-log-level", "warn"], log_path)
-    end = time.monotonic() + 15
-    while time.monotonic() < end:
-        if not proc.alive():
-            raise RuntimeError(f"GCS emulator exited:\n{proc.output()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/storage/v1/b", timeout=1.0).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"GCS emulator at {url} did not start")
+    wait_until(lambda: _answers(f"{url}/storage/v1/b"), 15, f"the GCS emulator at {url}", proc, every_s=0.05)
+    return proc
 
 
 class Client:
@@ -157,14 +162,13 @@ class Client:
     def wait(self, task_ids: list[str], timeout: float, until=("succeeded", "failed"),
              proc: Proc | None = None) -> dict[str, dict]:
         """Polls until every task reaches a status in `until`; fails early if `proc` dies."""
-        end = time.monotonic() + timeout
-        while True:
-            tasks = {t: self.task(t) for t in task_ids}
-            if all(v["status"] in until for v in tasks.values()):
-                return tasks
-            if proc is not None and not proc.alive():
-                raise RuntimeError(f"worker exited ({proc.popen.returncode}):\n{proc.output()[-4000:]}")
-            if time.monotonic() > end:
-                raise TimeoutError(f"tasks not done after {timeout}s: "
-                                   f"{ {t: v['status'] for t, v in tasks.items()} }")
-            time.sleep(0.1)
+        seen: dict[str, dict] = {}
+
+        def done() -> dict[str, dict] | None:
+            seen.update({t: self.task(t) for t in task_ids})
+            return dict(seen) if all(v["status"] in until for v in seen.values()) else None
+
+        try:
+            return wait_until(done, timeout, f"{len(task_ids)} task(s)", proc)
+        except TimeoutError:
+            raise TimeoutError(f"tasks not done after {timeout}s: {({t: v['status'] for t, v in seen.items()})}") from None

@@ -32,18 +32,21 @@ NUDENET_EXPLICIT = (
 )
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A config section: unknown keys and loose types are errors, values are frozen. The worker's
+    config tree (worker.config) builds on it too."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class CustomConfig(_Section):
+class CustomConfig(Section):
     """A backend of your own: `factory` is "module:callable", called with `options` as keywords."""
 
     factory: str = Field(pattern=r"^[\w.]+:\w+$")
     options: dict[str, str | int | float | bool] = {}
 
 
-class DetoxifyConfig(_Section):
+class DetoxifyConfig(Section):
     model_type: Literal["original", "unbiased", "multilingual", "original-small", "unbiased-small"] = "original"
     # A local .ckpt file. Unset: detoxify downloads the released checkpoint (needs the network).
     checkpoint: str | None = None
@@ -61,11 +64,11 @@ class DetoxifyConfig(_Section):
         return self
 
 
-class ProfanityConfig(_Section):
+class ProfanityConfig(Section):
     threshold: float = Field(0.9, ge=0.0, le=1.0)
 
 
-class TextCheckConfig(_Section):
+class TextCheckConfig(Section):
     # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise alt-profanity-check
     # (its model ships in its wheel), with the choice logged at start.
     backend: Literal["detoxify", "profanity", "auto", "custom", "off"] = "detoxify"
@@ -75,13 +78,13 @@ class TextCheckConfig(_Section):
     custom: CustomConfig | None = None
 
 
-class NudeNetConfig(_Section):
+class NudeNetConfig(Section):
     labels: tuple[str, ...] = NUDENET_EXPLICIT
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     model_path: str | None = Field(None, description="an ONNX detector; unset: the one in the wheel")
 
 
-class HFClassifierConfig(_Section):
+class HFClassifierConfig(Section):
     model: str = Field("Falconsai/nsfw_image_detection", description="Hub id or local directory")
     revision: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -91,7 +94,7 @@ class HFClassifierConfig(_Section):
     batch_size: int = Field(8, ge=1, le=256)
 
 
-class ImageCheckConfig(_Section):
+class ImageCheckConfig(Section):
     backend: Literal["nudenet", "hf", "custom", "off"] = "nudenet"
     device: str = "cpu"
     nudenet: NudeNetConfig = NudeNetConfig()
@@ -99,7 +102,7 @@ class ImageCheckConfig(_Section):
     custom: CustomConfig | None = None
 
 
-class QualityCheckConfig(_Section):
+class QualityCheckConfig(Section):
     """Catches solid-colour and NaN-derived outputs, the signs of a corrupted device context."""
 
     enabled: bool = True
@@ -109,7 +112,7 @@ class QualityCheckConfig(_Section):
     max_consecutive: int = Field(3, ge=1)
 
 
-class SafetyConfig(_Section):
+class SafetyConfig(Section):
     text: TextCheckConfig = TextCheckConfig()
     image: ImageCheckConfig = ImageCheckConfig()
     quality: QualityCheckConfig = QualityCheckConfig()

@@ -1,4 +1,5 @@
-"""Backends of your own, named in config as "module:callable" and built with keyword options."""
+"""Loading check backends: the library of a built-in one, or one of your own named in config as
+"module:callable" and built with keyword options."""
 
 from __future__ import annotations
 
@@ -18,3 +19,11 @@ def build_custom(cfg: CustomConfig, where: str):
     if not callable(getattr(check, "check", None)):
         raise SafetyLoadError(f"{where}.custom.factory: {cfg.factory} returned no object with check()")
     return check
+
+
+def import_backend(module: str, where: str):
+    """The library a built-in backend runs on; SafetyLoadError naming the config field that chose it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise SafetyLoadError(f"{where}: {module} is not installed: {e}") from e

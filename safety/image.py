@@ -12,7 +12,7 @@ import logging
 import numpy as np
 
 from safety.config import HFClassifierConfig, ImageCheckConfig, NudeNetConfig
-from safety.custom import build_custom
+from safety.custom import build_custom, import_backend
 from safety.device import resolve_device
 from safety.verdicts import SafetyLoadError, Verdict
 
@@ -23,17 +23,14 @@ class NudeNetCheck:
     name = "nudenet"
 
     def __init__(self, cfg: NudeNetConfig) -> None:
-        try:
-            from nudenet import NudeDetector, nudenet
-        except ImportError as e:
-            raise SafetyLoadError(f"safety.image.backend: nudenet is not installed: {e}") from e
-        known = set(getattr(nudenet, "__labels"))
+        nudenet = import_backend("nudenet", "safety.image.backend")
+        known = set(getattr(nudenet.nudenet, "__labels"))
         unknown = sorted(set(cfg.labels) - known)
         if unknown:  # a misspelt label would never flag anything
             raise SafetyLoadError(f"safety.image.nudenet.labels: {', '.join(unknown)} are not NudeNet "
                                   f"labels (it detects {', '.join(sorted(known))})")
         try:
-            self._detector = NudeDetector(model_path=cfg.model_path)
+            self._detector = nudenet.NudeDetector(model_path=cfg.model_path)
         except Exception as e:
             raise SafetyLoadError(f"safety.image.nudenet: cannot load the detector: {e}") from e
         self._thresholds = {label: cfg.threshold for label in cfg.labels}

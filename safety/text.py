@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from safety.config import DetoxifyConfig, ProfanityConfig, TextCheckConfig
-from safety.custom import build_custom
+from safety.custom import build_custom, import_backend
 from safety.device import resolve_device
 from safety.verdicts import SafetyLoadError, Verdict
 
@@ -53,11 +53,7 @@ class ProfanityCheck:
     name = "alt-profanity-check"
 
     def __init__(self, cfg: ProfanityConfig) -> None:
-        try:
-            from profanity_check import predict_prob
-        except ImportError as e:
-            raise SafetyLoadError(f"safety.text.backend: alt-profanity-check is not installed: {e}") from e
-        self._predict = predict_prob
+        self._predict = import_backend("profanity_check", "safety.text.backend").predict_prob
         self._thresholds = {"profanity": cfg.threshold}
 
     def check(self, prompts: list[str]) -> list[Verdict]:

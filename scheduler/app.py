@@ -14,7 +14,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, s
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from scheduler.protocol import (
+from protocol import (
     Heartbeat,
     HeartbeatReply,
     LeaseRequest,

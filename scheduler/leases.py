@@ -11,11 +11,6 @@ def deadline(now: float, ttl_s: float) -> float:
     return now + ttl_s
 
 
-def expired(lease_deadline: float | None, now: float) -> bool:
-    # A lease is held up to and including its deadline; strictly after it, it is gone.
-    return lease_deadline is not None and now > lease_deadline
-
-
 def after_expiry(attempts: int, max_attempts: int) -> Outcome:
     """An expired lease requeues the task unless it has used all its attempts (poison jobs)."""
     return "queued" if attempts < max_attempts else "failed"

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from scheduler import leases
-from scheduler.protocol import (
+from protocol import (
+    ErrorCode,
     ErrorEnvelope,
     Heartbeat,
     HeartbeatReply,
@@ -268,7 +269,8 @@ class TaskStore:
     # ------------------------------------------------------------ internals
 
     def _sweep(self, db: sqlite3.Connection) -> int:
-        """Puts tasks whose lease expired back in the queue, or fails them when out of attempts."""
+        """Puts tasks whose lease expired back in the queue, or fails them when out of attempts. A
+        lease is held up to and including its deadline; strictly after it, it is gone."""
         now = self._clock()
         rows = db.execute(
             f"SELECT id, attempts, max_attempts, error, worker_id FROM tasks"
@@ -277,7 +279,7 @@ class TaskStore:
         for row in rows:
             last = f"; last error: {json.loads(row['error'])['message']}" if row["error"] else ""
             error = ErrorEnvelope(
-                code="lease_expired", retryable=True, worker_id=row["worker_id"],
+                code=ErrorCode.LEASE_EXPIRED, retryable=True, worker_id=row["worker_id"],
                 message=f"worker {row['worker_id']} lost the lease (attempt {row['attempts']} of "
                         f"{row['max_attempts']}){last}",
             )

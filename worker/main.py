@@ -13,17 +13,21 @@ import sys
 
 import torch
 
-from safety.guard import Guard
+from protocol import DeviceInfo
 from safety.verdicts import SafetyLoadError
-from scheduler.protocol import DeviceInfo
-from worker import distributed, lockstep, speed
-from worker.config import ConfigError, WorkerConfig, load_config
-from worker.engine import Engine
-from worker.queue_client import QueueClient
-from worker.serve import Coordinator, FatalQueueError, Unhealthy
-from worker.storage import StorageConfigError, build_store
+from worker.config import ConfigError, load_config
+from worker.model import speed
+from worker.model.engine import Engine
+from worker.ranks import distributed, lockstep
+from worker.serving.coordinator import Coordinator, Unhealthy
+from worker.serving.registration import FatalQueueError
+from worker.storage import StorageConfigError
 
 log = logging.getLogger("worker")
+
+# The rank that talks to the world (queue, heartbeat, checks, storage, reports), decided here and
+# nowhere else: the distributed context carries it to every collective.
+COORDINATOR_RANK = 0
 
 
 def run(config_path: str, overrides: list[str] = ()) -> int:
@@ -33,11 +37,10 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     _setup_logging(cfg.logging.level, rank=int(os.environ.get("RANK", "0")))
-    ctx = distributed.init_distributed(cfg.distributed, cfg.model.device)
-    # Rank-0-only work is decided here and nowhere else: queue, heartbeat, storage, safety, reports.
+    ctx = distributed.init_distributed(cfg.distributed, cfg.model.device, COORDINATOR_RANK)
     try:
         speed.check(cfg.speed, cfg.parallel, ctx.device, ctx.world_size)  # every rank, before registering
-        coordinator = _build_coordinator(cfg, ctx) if ctx.is_coordinator else None
+        coordinator = Coordinator.build(cfg, ctx) if ctx.is_coordinator else None
     except (SafetyLoadError, StorageConfigError, speed.SpeedConfigError) as e:
         # Fail closed: never register, never serve unchecked or undeliverable. torchrun stops the
         # other ranks.
@@ -72,22 +75,11 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
     return 0
 
 
-def _build_coordinator(cfg: WorkerConfig, ctx: distributed.DistContext) -> Coordinator:
-    store = build_store(cfg.storage)
-    store.check_writable()  # before loading a model we could not deliver from
-    quarantine = build_store(cfg.storage.quarantine) if cfg.storage.quarantine else None
-    if quarantine:
-        quarantine.check_writable()
-    guard = Guard.load(cfg.safety)  # before registering: a worker that cannot check is never ready
-    token = os.environ.get(cfg.queue.token_env) or None
-    return Coordinator(cfg, ctx, QueueClient(cfg.queue, token), store, guard, quarantine)
-
-
 def _handle_signals(coordinator: Coordinator | None) -> None:
     def on_signal(signum, _frame):
         if coordinator is None:
-            return  # followers stop when rank 0 broadcasts Shutdown
-        if coordinator.state.status == "draining":
+            return  # followers stop when the coordinator broadcasts Shutdown
+        if coordinator.draining:
             os._exit(128 + signum)  # second signal: stop now; leases expire and tasks are retried
         coordinator.request_stop()
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import Stack
-from tests.gcs import Emulator
+from tests.harness import Emulator, Stack
 
 BUCKET = "results"
 
@@ -66,9 +65,9 @@ def test_results_are_stored_read_back_and_identical(gcs_stack, tiny_model, monke
     # Byte-identical to what this process generates and encodes for the same (prompt, seed, size).
     from launch.local import REPO
     from worker.config import ModelConfig, load_config
-    from worker.encode import encode_image
-    from worker.engine import Engine
-    from worker.validation import Job
+    from worker.storage.encode import encode_image
+    from worker.model.engine import Engine
+    from worker.model.job import Job
 
     engine = Engine.load(ModelConfig(source=str(tiny_model), dtype="float32", device="cpu",
                                      max_sequence_length=64), torch.device("cpu"),

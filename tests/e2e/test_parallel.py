@@ -16,9 +16,9 @@ from PIL import Image
 
 from launch.local import REPO
 from worker.config import ModelConfig, load_config
-from worker.encode import encode_image
-from worker.engine import Engine
-from worker.validation import Job
+from worker.storage.encode import encode_image
+from worker.model.engine import Engine
+from worker.model.job import Job
 
 
 @pytest.fixture(scope="module")

@@ -6,38 +6,8 @@ import time
 
 import psutil
 
-from launch.local import Proc
-
-
-def wait_for(predicate, timeout: float, what: str, proc: Proc | None = None):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and not proc.alive():
-            raise AssertionError(f"worker exited while waiting for {what}:\n{proc.output()[-4000:]}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def ready_worker(stack, proc: Proc, known: int = 0) -> dict:
-    """Waits until a worker beyond the first `known` registrations reports ready."""
-    def find():
-        fresh = stack.registered()[known:]
-        return next((w for w in fresh if w["status"] == "ready"), None)
-
-    return wait_for(find, 120, "a ready worker", proc)
-
-
-def rank_pid(torchrun: Proc, rank: int) -> int:
-    for child in psutil.Process(torchrun.pid).children(recursive=True):
-        try:
-            if child.environ().get("RANK") == str(rank):
-                return child.pid
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no process for rank {rank}")
+from launch.local import wait_until
+from tests.harness import rank_pid, ready_worker
 
 
 def test_task_of_a_killed_worker_is_completed_once_by_a_restarted_worker(make_stack):
@@ -45,7 +15,7 @@ def test_task_of_a_killed_worker_is_completed_once_by_a_restarted_worker(make_st
     # 1024x1024 takes a few seconds on the tiny model: long enough to kill the worker mid-task.
     task = stack.client.submit({"prompt": "a slow one", "width": 1024, "height": 1024})
     first = stack.worker(nproc=2)
-    wait_for(lambda: stack.client.task(task["id"])["status"] == "processing", 120, "processing", first)
+    wait_until(lambda: stack.client.task(task["id"])["status"] == "processing", 120, "processing", first)
     first_id = stack.client.task(task["id"])["worker_id"]
     first.kill()  # SIGKILL to torchrun and both ranks: no drain, no report
     assert stack.client.task(task["id"])["status"] == "processing"
@@ -60,7 +30,7 @@ def test_task_of_a_killed_worker_is_completed_once_by_a_restarted_worker(make_st
 
 def test_a_crashed_rank_restarts_the_group_which_serves_again(make_stack):
     stack = make_stack()
-    # One restart must be enough: before the per-attempt store prefix (worker.distributed), the
+    # One restart must be enough: before the per-attempt store prefix (worker.ranks.distributed), the
     # restarted group read the dead group's addresses and failed or hung.
     proc = stack.worker(nproc=2, max_restarts=1)
     ready_worker(stack, proc)

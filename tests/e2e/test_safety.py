@@ -3,36 +3,12 @@ real safety backends (alt-profanity-check, a Hugging Face ViT classifier, NudeNe
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
-from tests.conftest import Stack
+from tests.harness import Stack, run, settled_worker
 
 OFFENSIVE = "fuck you, you piece of shit"
-
-
-def run(stack: Stack, proc, inputs: list[dict], timeout: float = 120) -> list[dict]:
-    ids = [stack.client.submit(i)["id"] for i in inputs]
-    done = stack.client.wait(ids, timeout, proc=proc)
-    return [done[i] for i in ids]
-
-
-def settled_worker(stack: Stack, beats: int = 2, timeout: float = 60) -> dict:
-    """The ready worker's view after `beats` heartbeats sent from now on, so that it reflects the past."""
-    seen, end = None, time.monotonic() + timeout
-    while time.monotonic() < end:
-        workers = [w for w in stack.registered() if w["status"] != "initializing"]
-        if not workers:
-            time.sleep(0.2)
-            continue
-        (w,) = workers
-        if w["last_heartbeat"] != seen:
-            beats, seen = beats - 1, w["last_heartbeat"]
-            if beats < 0:
-                return w
-        time.sleep(0.2)
-    raise TimeoutError("no heartbeats")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +25,7 @@ def flagging(tmp_path_factory, tiny_model, vit_dir):
 
 def test_refused_prompt_fails_unsafe_prompt_without_inference(flagging):
     before = settled_worker(flagging)["counters"]
-    (task,) = run(flagging, flagging.proc, [{"prompt": OFFENSIVE}])
+    (task,) = run(flagging, [{"prompt": OFFENSIVE}])
     assert task["status"] == "failed" and task["attempts"] == 1
     err = task["error"]
     assert err["code"] == "unsafe_prompt" and err["retryable"] is False
@@ -62,7 +38,7 @@ def test_refused_prompt_fails_unsafe_prompt_without_inference(flagging):
 
 def test_flagged_image_fails_unsafe_image_and_is_never_stored(flagging):
     before = settled_worker(flagging)["counters"]
-    (task,) = run(flagging, flagging.proc, [{"prompt": "a lighthouse on a cliff", "width": 128, "height": 128}])
+    (task,) = run(flagging, [{"prompt": "a lighthouse on a cliff", "width": 128, "height": 128}])
     assert task["status"] == "failed" and task["attempts"] == 1 and task["result"] is None
     err = task["error"]
     assert err["code"] == "unsafe_image" and err["retryable"] is False

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_safety import run, settled_worker
+from tests.harness import run, settled_worker
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def solid_model(tmp_path_factory):
     as a corrupted device context draws them."""
     import torch
 
-    from worker.tiny_model import build_tiny_pipeline
+    from tools.tiny_model import build_tiny_pipeline
 
     pipe = build_tiny_pipeline()
     with torch.no_grad():
@@ -31,7 +31,7 @@ def test_raising_classifier_fails_retryable_never_succeeds_then_worker_exits(mak
     proc = stack.worker(nproc=2, overrides=[
         "safety.image.backend=custom", "safety.image.custom.factory=tests.safety.backends:raising",
         "safety.text.backend=off", "safety.max_consecutive_errors=3"])
-    (task,) = run(stack, proc, [{"prompt": "a red fox", "width": 128, "height": 128}])
+    (task,) = run(stack, [{"prompt": "a red fox", "width": 128, "height": 128}], proc=proc)
     assert task["status"] == "failed" and task["attempts"] == 2  # retried, then out of attempts
     err = task["error"]
     assert err["code"] == "safety_check_failed" and err["retryable"] is True

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import pytest
 from PIL import Image
 
-from tests.conftest import Stack
+from tests.harness import Stack, run
 
 
 @pytest.fixture(scope="module")
@@ -19,12 +19,6 @@ def served(tmp_path_factory, tiny_model):
     stack.proc = stack.worker(nproc=2)
     yield stack
     stack.close()
-
-
-def run(stack: Stack, inputs: list[dict], timeout: float = 120) -> list[dict]:
-    ids = [stack.client.submit(i)["id"] for i in inputs]
-    done = stack.client.wait(ids, timeout, proc=stack.proc)
-    return [done[i] for i in ids]
 
 
 def path_of(task: dict) -> Path:

@@ -6,7 +6,7 @@ import pytest
 
 from safety.config import NUDENET_EXPLICIT, SafetyConfig
 from worker.config import ConfigError, load_config
-from tests.worker.test_config import write
+from tests.harness import write_config
 
 
 def test_defaults_check_everything():
@@ -16,7 +16,7 @@ def test_defaults_check_everything():
 
 
 def test_a_section_left_out_keeps_its_check_on(tmp_path):
-    cfg = load_config(write(tmp_path, "[safety.text]\nbackend = 'profanity'\n"))
+    cfg = load_config(write_config(tmp_path, "[safety.text]\nbackend = 'profanity'\n"))
     assert cfg.safety.image.backend == "nudenet" and cfg.safety.quality.enabled
 
 
@@ -38,13 +38,13 @@ def test_explicit_keys_switch_checks_off():
 ])
 def test_errors_name_the_field(tmp_path, body, field):
     with pytest.raises(ConfigError) as e:
-        load_config(write(tmp_path, body))
+        load_config(write_config(tmp_path, body))
     assert field in str(e.value)
 
 
 def test_quarantine_must_not_be_the_results_location(tmp_path):
     body = "[storage.local]\nroot = 'out'\n[storage.quarantine.local]\nroot = 'out'\n"
     with pytest.raises(ConfigError, match="storage: quarantine: must not be the results location"):
-        load_config(write(tmp_path, body))
-    cfg = load_config(write(tmp_path, "[storage.quarantine.local]\nroot = 'quarantine'\n"))
+        load_config(write_config(tmp_path, body))
+    cfg = load_config(write_config(tmp_path, "[storage.quarantine.local]\nroot = 'quarantine'\n"))
     assert cfg.storage.quarantine.local.root == "quarantine"

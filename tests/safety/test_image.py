@@ -15,8 +15,8 @@ from safety.image import HFImageCheck, NudeNetCheck, build_image_check
 def generated(tiny_model) -> list[np.ndarray]:
     """Images from the tiny FLUX pipeline, as the worker hands them over (HxWx3 uint8 RGB)."""
     from worker.config import ModelConfig
-    from worker.engine import Engine
-    from worker.validation import Job
+    from worker.model.engine import Engine
+    from worker.model.job import Job
 
     engine = Engine.load(ModelConfig(source=str(tiny_model), dtype="float32", device="cpu",
                                      max_sequence_length=64), torch.device("cpu"))

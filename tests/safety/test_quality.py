@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 import pytest
 
 from safety.quality import inspect
-from worker.engine import to_picture
+from worker.model.engine import to_pictures
 
 
 @pytest.mark.parametrize("colour", [(0, 0, 0), (128, 128, 128), (255, 0, 0), (12, 200, 99)])
@@ -31,7 +32,7 @@ def test_a_gradient_passes():
 def test_nan_output_is_caught_even_where_the_cast_hides_it():
     out = np.random.default_rng(0).random((64, 64, 3), dtype=np.float32)
     out[:8] = np.nan  # a band of NaN: the rest of the image still varies
-    pic = to_picture(out)
+    pic = to_pictures(torch.from_numpy(out).permute(2, 0, 1)[None])[0]  # HxWx3 -> 1x3xHxW, as the VAE gives
     q = inspect(pic.pixels, pic.nonfinite, min_std=2.0)
     assert not q.ok and "non-finite" in q.reason and pic.nonfinite == 8 * 64 * 3
 
@@ -40,8 +41,8 @@ def test_generated_images_pass(tiny_model):
     import torch
 
     from worker.config import ModelConfig
-    from worker.engine import Engine
-    from worker.validation import Job
+    from worker.model.engine import Engine
+    from worker.model.job import Job
 
     engine = Engine.load(ModelConfig(source=str(tiny_model), dtype="float32", device="cpu",
                                      max_sequence_length=64), torch.device("cpu"))

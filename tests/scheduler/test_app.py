@@ -5,38 +5,8 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
 
-from launch.local import free_port, start_scheduler
-
-REG = {"hostname": "h", "world_size": 2, "devices": [{"name": "cpu", "memory_bytes": 1}], "model": "m",
-       "version": "v"}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sched")
-    port = free_port()
-    proc = start_scheduler(tmp / "s.db", port, tmp / "s.log", lease_ttl=1.0, max_attempts=3,
-                           extra=["--max-queued", "50"])
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-        yield http
-    proc.stop()
-
-
-def register(http) -> str:
-    resp = http.post("/v1/workers", json=REG)
-    assert resp.status_code == 201
-    return resp.json()["worker_id"]
-
-
-def drain(http, wid):
-    """Fails every queued task for good, so the shared server starts each test with an empty queue."""
-    while (resp := http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 50})).status_code == 200:
-        for lease in resp.json()["leases"]:
-            http.post(f"/v1/tasks/{lease['task_id']}/report", json={
-                "worker_id": wid, "lease_token": lease["lease_token"], "status": "failed",
-                "error": {"code": "drained", "message": "test cleanup", "retryable": False}})
+from tests.harness import drain, register
 
 
 def test_submit_get_list(server):

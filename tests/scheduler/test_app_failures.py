@@ -9,13 +9,13 @@ import pytest
 
 from launch.local import free_port, start_scheduler
 from scheduler.__main__ import main as scheduler_main
-from tests.scheduler.test_app import REG, drain, register, server  # noqa: F401  (fixture)
+from tests.harness import REG, drain, register
 
 RESULT = {"uri": "file:///x.png", "content_type": "image/png", "width": 16, "height": 16, "seed": 7,
           "bytes": 10, "sha256": "00"}
 
 
-def test_stale_lease_token_is_refused(server):  # noqa: F811
+def test_stale_lease_token_is_refused(server):
     w1, w2 = register(server), register(server)
     drain(server, w1)
     t = server.post("/v1/tasks", json={"input": {"prompt": "stale"}}).json()
@@ -34,19 +34,19 @@ def test_stale_lease_token_is_refused(server):  # noqa: F811
     assert ok.status_code == 200 and ok.json()["result"]["uri"] == "file:///x.png"
 
 
-def test_unknown_worker_is_404(server):  # noqa: F811
+def test_unknown_worker_is_404(server):
     assert server.post("/v1/workers/w-nobody/lease", json={"max_tasks": 1}).status_code == 404
     assert server.post("/v1/workers/w-nobody/heartbeat",
                        json={"status": "ready", "timestamp": 0}).status_code == 404
 
 
-def test_malformed_bodies_are_422(server):  # noqa: F811
+def test_malformed_bodies_are_422(server):
     assert server.post("/v1/tasks", json={"input": "not an object"}).status_code == 422
     assert server.post("/v1/tasks", json={"input": {}, "surprise": 1}).status_code == 422
     assert server.post("/v1/workers", json={**REG, "world_size": 0}).status_code == 422
 
 
-def test_queue_full_is_429_with_retry_after(server):  # noqa: F811
+def test_queue_full_is_429_with_retry_after(server):
     wid = register(server)
     drain(server, wid)
     codes = [server.post("/v1/tasks", json={"input": {"prompt": str(i)}}).status_code for i in range(51)]

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from scheduler.protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTask, TaskResult
+from protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTask, TaskResult
 from scheduler.store import Conflict, NotFound, TaskStore
 
 
@@ -82,6 +82,16 @@ def test_concurrent_claims_never_hand_out_a_task_twice(store):
     for t in threads:
         t.join()
     assert len(claimed) == 60 == len(set(claimed))
+
+
+def test_a_lease_is_held_up_to_and_including_its_deadline(store, clock):
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claim(w, 1)
+    clock.now = lease.lease_deadline
+    assert store.sweep() == 0 and store.get(t.id).status == "leased"
+    clock.now += 0.001
+    assert store.sweep() == 1 and store.get(t.id).status == "queued"
 
 
 def test_expired_lease_requeues_then_fails_when_attempts_are_used(store, clock):

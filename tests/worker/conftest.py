@@ -4,7 +4,7 @@ import pytest
 import torch.distributed as dist
 
 from worker.config import DistributedConfig
-from worker.distributed import init_distributed
+from worker.ranks.distributed import init_distributed
 
 
 @pytest.fixture(scope="module")

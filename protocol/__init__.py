@@ -1,0 +1,31 @@
+"""The queue protocol (docs/protocol.md): wire models and error codes.
+
+The worker and the reference scheduler both speak it, and neither imports the other. It depends on
+pydantic alone, so another scheduler or a client can reuse it as the schema.
+"""
+
+from protocol.errors import ErrorCode
+from protocol.models import (
+    DeviceInfo,
+    ErrorEnvelope,
+    Heartbeat,
+    HeartbeatReply,
+    Lease,
+    LeaseRequest,
+    LeaseResponse,
+    Registered,
+    RegisterWorker,
+    Report,
+    ReportStatus,
+    SubmitTask,
+    TaskList,
+    TaskResult,
+    TaskStatus,
+    TaskView,
+    WorkerStatus,
+    WorkerView,
+)
+
+__all__ = ["DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
+           "LeaseResponse", "Registered", "RegisterWorker", "Report", "ReportStatus", "SubmitTask", "TaskList",
+           "TaskResult", "TaskStatus", "TaskView", "WorkerStatus", "WorkerView"]

@@ -1,0 +1,26 @@
+"""The error codes of the queue protocol (docs/protocol.md, "error").
+
+A StrEnum, so each code is its own string on the wire: `ErrorCode.INVALID_REQUEST == "invalid_request"`.
+Schedulers store codes as strings, so a newer worker may send a code an older scheduler does not list.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    # Final: a retry cannot fix these.
+    INVALID_REQUEST = "invalid_request"
+    UNSAFE_PROMPT = "unsafe_prompt"
+    UNSAFE_IMAGE = "unsafe_image"
+    STORAGE_CONFLICT = "storage_conflict"  # another object holds the task's name
+    # Retryable: another attempt, maybe on another worker, may succeed.
+    GENERATION_FAILED = "generation_failed"
+    CORRUPT_OUTPUT = "corrupt_output"
+    SAFETY_CHECK_FAILED = "safety_check_failed"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
+    STORAGE_FAILED = "storage_failed"
+    INTERNAL_ERROR = "internal_error"
+    # Set by the scheduler when a task runs out of attempts through expired leases.
+    LEASE_EXPIRED = "lease_expired"

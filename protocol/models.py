@@ -1,0 +1,172 @@
+"""Wire models of the queue protocol (docs/protocol.md).
+
+This package is the protocol's single definition: the reference scheduler serves it and the worker
+speaks it. It imports only pydantic so that other schedulers can reuse it as a schema.
+
+The scheduler stores a task's `input` as the client sent it. Workers validate it against their own
+limits (sizes, steps, prompt length depend on the model a worker serves), so a bad input fails that
+task with a reason instead of being refused at submission by a scheduler that cannot know them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed"]
+WorkerStatus = Literal["initializing", "ready", "occupied", "draining"]
+# released: leased but never started, handed back (the attempt does not count).
+ReportStatus = Literal["processing", "succeeded", "failed", "released"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- clients
+
+
+class SubmitTask(_Strict):
+    """POST /v1/tasks. `input` holds prompt, width, height, steps, seed, output_format."""
+
+    input: dict[str, Any]
+    priority: int = Field(0, ge=-1000, le=1000, description="higher is leased first")
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    max_attempts: int | None = Field(None, ge=1, le=20, description="defaults to the scheduler's")
+
+
+class ErrorEnvelope(_Strict):
+    code: str = Field(min_length=1, max_length=100)
+    message: str = Field(max_length=4000)
+    retryable: bool
+    worker_id: str | None = None
+    # Machine-readable specifics, e.g. the safety category and score of an unsafe_prompt.
+    details: dict[str, Any] | None = None
+
+
+class TaskResult(BaseModel):
+    """What a worker delivers. Extra keys are kept so newer workers can add fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    uri: str
+    content_type: str
+    width: int
+    height: int
+    seed: int
+    bytes: int
+    sha256: str
+    url: str | None = Field(None, description="a signed HTTPS URL, when the worker is configured to sign")
+    timings_ms: dict[str, float] = Field({}, description="wall time per stage: lease, text_check, admit, wait, "
+                                         "broadcast, embed, denoise, vae, gather, generate, image_check, encode, store")
+    batch_size: int = Field(1, description="images generated together with this one on its rank")
+    rank: int = Field(0, description="the rank that generated it (data-parallel mode)")
+
+
+class TaskView(_Strict):
+    id: str
+    status: TaskStatus
+    input: dict[str, Any]
+    priority: int
+    attempts: int
+    max_attempts: int
+    idempotency_key: str | None
+    worker_id: str | None
+    result: TaskResult | None
+    error: ErrorEnvelope | None
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+
+
+class TaskList(_Strict):
+    tasks: list[TaskView]
+
+
+# ---------------------------------------------------------------- workers
+
+
+class DeviceInfo(_Strict):
+    name: str
+    memory_bytes: int = Field(ge=0)
+
+
+class RegisterWorker(_Strict):
+    hostname: str = Field(min_length=1, max_length=255)
+    world_size: int = Field(ge=1)
+    devices: list[DeviceInfo]
+    model: str
+    version: str
+
+
+class Registered(_Strict):
+    worker_id: str
+    lease_ttl_s: float
+
+
+class WorkerView(_Strict):
+    id: str
+    hostname: str
+    world_size: int
+    devices: list[DeviceInfo]
+    model: str
+    version: str
+    status: WorkerStatus
+    in_flight: list[str]
+    warnings: list[str] = Field([], description="e.g. a safety check switched off by config")
+    counters: dict[str, int] = Field({}, description="totals since the worker started")
+    registered_at: float
+    last_heartbeat: float | None
+
+
+class LeaseRequest(_Strict):
+    max_tasks: int = Field(1, ge=1, le=256)
+    wait_s: float = Field(0.0, ge=0.0, le=60.0, description="long-poll: wait this long for work")
+
+
+class Lease(_Strict):
+    task_id: str
+    input: dict[str, Any]
+    # When the task was submitted: the same on every attempt, so workers can name its object by date.
+    created_at: float
+    lease_token: str
+    lease_deadline: float
+    lease_ttl_s: float
+    attempt: int
+
+
+class LeaseResponse(_Strict):
+    leases: list[Lease]
+
+
+class Heartbeat(_Strict):
+    status: WorkerStatus
+    in_flight: list[str] = []
+    timestamp: float
+    warnings: list[str] = []
+    counters: dict[str, int] = {}
+
+
+class HeartbeatReply(_Strict):
+    renewed: dict[str, float] = Field(description="task id -> new lease deadline")
+    lost: list[str] = Field(description="in-flight ids whose lease this worker no longer holds")
+
+
+class Report(_Strict):
+    worker_id: str
+    lease_token: str
+    status: ReportStatus
+    result: TaskResult | None = None
+    error: ErrorEnvelope | None = None
+
+    @model_validator(mode="after")
+    def _payload_matches_status(self) -> "Report":
+        if self.status == "succeeded" and self.result is None:
+            raise ValueError("status 'succeeded' needs a result")
+        if self.status == "failed" and self.error is None:
+            raise ValueError("status 'failed' needs an error")
+        if self.status != "succeeded" and self.result is not None:
+            raise ValueError(f"status {self.status!r} cannot carry a result")
+        return self

@@ -1,0 +1,161 @@
+"""Helpers the tests share: a stack of real local processes (scheduler + torchrun workers), a real
+GCS emulator driven by the official client, and short ways to run tasks and watch workers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+from launch.local import REPO, Client, Proc, free_port, start_gcs_emulator, start_scheduler, start_worker, wait_until
+
+TINY_CONFIG = REPO / "configs" / "tiny.toml"
+
+
+class Stack:
+    """A real scheduler on 127.0.0.1 and the torchrun workers started against it."""
+
+    def __init__(self, tmp: Path, model: Path, lease_ttl: float = 15.0, max_attempts: int = 3) -> None:
+        self.tmp, self.model = tmp, model
+        self.lease_ttl, self.max_attempts = lease_ttl, max_attempts
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.images = tmp / "images"
+        self.workers: list[Proc] = []
+        self.scheduler = self.start_scheduler()
+        self.client = Client(self.url)
+
+    def start_scheduler(self) -> Proc:
+        return start_scheduler(self.tmp / "scheduler.db", self.port, self.tmp / "scheduler.log",
+                               lease_ttl=self.lease_ttl, max_attempts=self.max_attempts)
+
+    def worker(self, nproc: int = 2, overrides: list[str] = (), max_restarts: int = 0,
+               env: dict[str, str] | None = None) -> Proc:
+        ov = [f"queue.url={self.url}", f"storage.local.root={self.images}", f"model.source={self.model}",
+              "queue.heartbeat_interval_s=1.0", "safety.text.backend=profanity", *overrides]
+        proc = start_worker(TINY_CONFIG, nproc, self.tmp / f"worker{len(self.workers)}.log", ov,
+                            max_restarts=max_restarts, env=env)
+        self.workers.append(proc)
+        return proc
+
+    def registered(self) -> list[dict]:
+        return self.client.http.get("/v1/workers").json()
+
+    def objects(self) -> list[Path]:
+        """Stored objects, without in-progress temp files (dot files)."""
+        return sorted(p for p in self.images.glob("*") if not p.name.startswith("."))
+
+    def close(self) -> None:
+        for w in self.workers:
+            if w.alive():
+                w.kill()
+        if self.scheduler.alive():
+            self.scheduler.stop()
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    """A worker config file with `text` in it, for the loader to read."""
+    path = tmp_path / "worker.toml"
+    path.write_text(text)
+    return path
+
+
+def run(stack: Stack, inputs: list[dict], timeout: float = 120, proc: Proc | None = None) -> list[dict]:
+    """Submits the inputs and waits for every task to end; the tasks, in input order."""
+    ids = [stack.client.submit(i)["id"] for i in inputs]
+    done = stack.client.wait(ids, timeout, proc=proc or stack.proc)
+    return [done[i] for i in ids]
+
+
+def ready_worker(stack: Stack, proc: Proc, known: int = 0) -> dict:
+    """Waits until a worker beyond the first `known` registrations reports ready."""
+    def find():
+        fresh = stack.registered()[known:]
+        return next((w for w in fresh if w["status"] == "ready"), None)
+
+    return wait_until(find, 120, "a ready worker", proc)
+
+
+def settled_worker(stack: Stack, beats: int = 2, timeout: float = 60) -> dict:
+    """The ready worker's view after `beats` heartbeats sent from now on, so that it reflects the past."""
+    seen: dict = {"last": None, "left": beats}
+
+    def after_beats():
+        workers = [w for w in stack.registered() if w["status"] != "initializing"]
+        if not workers:
+            return None
+        (w,) = workers
+        if w["last_heartbeat"] != seen["last"]:
+            seen["last"], seen["left"] = w["last_heartbeat"], seen["left"] - 1
+            if seen["left"] < 0:
+                return w
+        return None
+
+    return wait_until(after_beats, timeout, f"{beats} heartbeats", every_s=0.2)
+
+
+def rank_pid(torchrun: Proc, rank: int) -> int:
+    for child in psutil.Process(torchrun.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank):
+                return child.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no process for rank {rank}")
+
+
+# ---------------------------------------------------------------- the scheduler's HTTP API
+
+REG = {"hostname": "h", "world_size": 2, "devices": [{"name": "cpu", "memory_bytes": 1}], "model": "m",
+       "version": "v"}
+
+
+def register(http) -> str:
+    resp = http.post("/v1/workers", json=REG)
+    assert resp.status_code == 201
+    return resp.json()["worker_id"]
+
+
+def drain(http, wid):
+    """Fails every queued task for good, so the shared server starts each test with an empty queue."""
+    while (resp := http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 50})).status_code == 200:
+        for lease in resp.json()["leases"]:
+            http.post(f"/v1/tasks/{lease['task_id']}/report", json={
+                "worker_id": wid, "lease_token": lease["lease_token"], "status": "failed",
+                "error": {"code": "drained", "message": "test cleanup", "retryable": False}})
+
+
+# ---------------------------------------------------------------- GCS
+
+class Emulator:
+    def __init__(self, log_dir: Path, persistent: bool = False) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_dir = log_dir
+        self.root = log_dir / "gcs-data" if persistent else None  # objects survive a restart
+        self.proc: Proc | None = None
+        self.start()
+
+    def start(self) -> None:
+        if self.root:
+            self.root.mkdir(parents=True, exist_ok=True)
+        self.proc = start_gcs_emulator(self.port, self.log_dir / "gcs.log", self.root)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.alive():
+            self.proc.kill()
+
+    def client(self):
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        os.environ["STORAGE_EMULATOR_HOST"] = self.url  # read by the client when it is built
+        return storage.Client(project="test", credentials=AnonymousCredentials())
+
+    def bucket(self, name: str):
+        client = self.client()
+        bucket = client.bucket(name)
+        if not bucket.exists():
+            client.create_bucket(name)
+        return client.bucket(name)

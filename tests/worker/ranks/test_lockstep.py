@@ -1,0 +1,63 @@
+"""Lockstep generation in a one-rank gloo group: outcome per job, failure capture, shares."""
+
+import numpy as np
+
+from worker.ranks.distributed import DistContext
+from worker.model.engine import Batch, Picture
+from worker.ranks.lockstep import generate
+from worker.model.parallel import sequence_fits
+from worker.ranks.sharing import capacity, share, slots
+from worker.model.job import Job
+
+JOB = Job(task_id="t", prompt="p", width=64, height=64, steps=1, seed=3, output_format="png")
+
+
+class FakeEngine:
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.fail = fail
+        self.batches: list[int] = []
+
+    def generate_batch(self, jobs: list[Job]) -> Batch:
+        if self.fail:
+            raise self.fail
+        self.batches.append(len(jobs))
+        return Batch([Picture(np.full((j.height, j.width, 3), j.seed, np.uint8)) for j in jobs],
+                     {"denoise": 1.0})
+
+
+def test_single_process_group(ctx: DistContext):
+    assert (ctx.rank, ctx.world_size, ctx.backend, ctx.coordinator, ctx.is_coordinator) == (0, 1, "gloo", 0, True)
+
+
+def test_success_returns_the_image(ctx):
+    [out] = generate(FakeEngine(), [JOB], ctx)
+    assert out.errors == [] and out.picture.pixels.shape == (64, 64, 3)
+    assert out.timings["denoise"] == 1.0 and {"gather", "generate"} <= set(out.timings) and out.batch_size == 1
+
+
+def test_a_round_gives_one_outcome_per_job_in_order(ctx):
+    jobs = [JOB.model_copy(update={"task_id": f"t{i}", "seed": i}) for i in range(3)]
+    engine = FakeEngine()
+    outs = generate(engine, jobs, ctx)
+    assert [int(o.picture.pixels[0, 0, 0]) for o in outs] == [0, 1, 2]
+    assert engine.batches == [3] and {o.batch_size for o in outs} == {3}
+
+
+def test_a_failing_rank_is_reported_not_raised(ctx):
+    [out] = generate(FakeEngine(RuntimeError("CUDA out of memory")), [JOB], ctx)
+    assert out.picture is None and out.errors == ["rank 0: RuntimeError: CUDA out of memory"]
+
+
+def test_data_parallel_shares_interleave_and_cover_the_round():
+    jobs = list(range(7))
+    parts = [share(jobs, r, 3, "data") for r in range(3)]
+    assert parts == [[0, 3, 6], [1, 4], [2, 5]]
+    assert share(jobs, 1, 3, "context") == jobs
+    # slots is share's inverse: where each rank's images go back in the round
+    assert [list(slots(7, r, 3, "data")) for r in range(3)] == parts
+    assert capacity(4, 2, "data") == 8 and capacity(4, 2, "context") == 4
+
+
+def test_context_parallel_refuses_sequences_that_do_not_split():
+    assert sequence_fits(256, 256, 64, 2) is None
+    assert "not divisible" in sequence_fits(272, 16 * 3, 64, 2)

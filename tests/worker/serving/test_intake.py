@@ -1,0 +1,153 @@
+"""The lease-ahead intake: rounds of one shape in lease order, the batching window, the bound on how
+far it leases ahead. The fake queue tells the tests, through events, when the intake has asked it
+again (so everything before is admitted); no test sleeps on the wall clock to let a thread run."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from protocol import Lease
+from worker.model.job import Job
+from worker.serving.intake import Intake
+from worker.serving.task import Task
+
+
+def lease(task_id: str) -> Lease:
+    return Lease(task_id=task_id, input={}, created_at=0.0, lease_token="tok", lease_deadline=0.0,
+                 lease_ttl_s=10.0, attempt=1)
+
+
+class FakeQueue:
+    """Hands out the given (task_id, width) pairs, `per_call` at a time. Once they are all out, a
+    call waits (like an empty long poll) until the test adds more or the intake stops."""
+
+    def __init__(self, tasks: list[tuple[str, int]], per_call: int = 100) -> None:
+        self.tasks = list(tasks)
+        self.per_call = per_call
+        self.widths = dict(tasks)
+        self.asked: list[int] = []
+        self.cond = threading.Condition()
+
+    def lease(self, n: int) -> list[Lease]:
+        with self.cond:
+            self.asked.append(n)
+            self.cond.notify_all()
+            if not self.tasks:
+                self.cond.wait(0.05)  # an empty long poll
+            out, self.tasks = self.tasks[:min(n, self.per_call)], self.tasks[min(n, self.per_call):]
+        return [lease(t) for t, _ in out]
+
+    def admit(self, task: Task) -> bool:
+        if task.id.startswith("bad"):
+            return False  # failed and reported by the admission
+        task.job = Job(task_id=task.id, prompt="p", width=self.widths[task.id], height=64, steps=4, seed=1,
+                       output_format="png")
+        return True
+
+    def add(self, tasks: list[tuple[str, int]]) -> None:
+        with self.cond:
+            self.tasks += tasks
+            self.widths.update(tasks)
+            self.cond.notify_all()
+
+    def wait_asked(self, calls: int, timeout: float = 5.0) -> None:
+        """Until the intake has called lease `calls` times: what earlier calls gave is admitted."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.asked) >= calls, timeout), self.asked
+
+
+def started(queue: FakeQueue, target: int) -> Intake:
+    intake = Intake(queue, queue, target)
+    intake.start()
+    return intake
+
+
+def ids(round_) -> list[str]:
+    return [t.id for t in round_]
+
+
+def test_rounds_group_one_shape_in_lease_order():
+    queue = FakeQueue([("a", 64), ("b", 128), ("c", 64), ("d", 64), ("e", 128)])
+    intake = started(queue, target=6)
+    queue.wait_asked(2)  # the second call comes after the first five were admitted
+    assert ids(intake.take(capacity=2, window_s=0, wait_s=1)) == ["a", "c"]
+    assert ids(intake.take(capacity=2, window_s=0, wait_s=1)) == ["b", "e"]
+    assert ids(intake.take(capacity=2, window_s=0, wait_s=1)) == ["d"]
+    intake.close(1)
+
+
+def test_refused_tasks_never_reach_a_round():
+    intake = started(FakeQueue([("bad-1", 64), ("a", 64)]), target=4)
+    assert ids(intake.take(capacity=4, window_s=0.3, wait_s=1)) == ["a"]
+    intake.close(1)
+
+
+def test_a_partial_round_waits_for_the_window_then_starts():
+    queue = FakeQueue([("a", 64)], per_call=1)
+    intake = started(queue, target=4)
+    threading.Timer(0.1, queue.add, [[("b", 64), ("c", 64)]]).start()
+    t0 = time.monotonic()
+    first = intake.take(capacity=4, window_s=0.5, wait_s=2)
+    waited = time.monotonic() - t0
+    # b and c arrive within the window, a fourth never does: the round starts when the window ends.
+    assert ids(first) == ["a", "b", "c"] and 0.4 <= waited < 1.5
+    timings = first[0].timings.as_dict()
+    assert timings["wait"] >= 400 and "lease" in timings
+    intake.close(1)
+
+
+def test_a_full_round_does_not_wait_for_the_window():
+    queue = FakeQueue([("a", 64), ("b", 64)])
+    intake = started(queue, target=3)
+    queue.wait_asked(2)
+    t0 = time.monotonic()
+    assert ids(intake.take(capacity=2, window_s=5, wait_s=1)) == ["a", "b"]
+    assert time.monotonic() - t0 < 1
+    intake.close(1)
+
+
+def test_leases_ahead_only_what_one_round_holds():
+    queue = FakeQueue([(f"t{i}", 64) for i in range(10)])
+    intake = started(queue, target=3)
+    queue.wait_asked(1)
+    with intake._cond:  # three held, nothing more leased until some are taken
+        assert intake._cond.wait_for(lambda: len(intake._ready) == 3, 5)
+    assert queue.asked == [3] and len(queue.tasks) == 7
+    assert len(intake.take(capacity=2, window_s=0, wait_s=1)) == 2
+    queue.wait_asked(2)
+    assert queue.asked[1] == 2 and all(n <= 3 for n in queue.asked)
+    intake.close(1)
+
+
+def test_take_returns_empty_after_its_wait_or_a_nudge():
+    intake = started(FakeQueue([]), target=2)
+    t0 = time.monotonic()
+    assert intake.take(capacity=2, window_s=0, wait_s=0.3) == []
+    assert time.monotonic() - t0 >= 0.3
+    threading.Timer(0.1, intake.nudge).start()
+    t0 = time.monotonic()
+    assert intake.take(capacity=2, window_s=0, wait_s=10) == []
+    assert time.monotonic() - t0 < 2
+    intake.close(1)
+
+
+def test_a_failing_lease_thread_surfaces_in_the_serve_loop():
+    class Refused:
+        def lease(self, n):
+            raise PermissionError("scheduler refused this worker")
+
+    intake = Intake(Refused(), FakeQueue([]), target=2)
+    intake.start()
+    with pytest.raises(PermissionError):
+        intake.take(capacity=2, window_s=0, wait_s=2)
+
+
+def test_close_hands_back_what_was_ready_and_drains():
+    queue = FakeQueue([("a", 64), ("b", 64)])
+    intake = started(queue, target=3)
+    queue.wait_asked(2)
+    assert sorted(ids(intake.close(1))) == ["a", "b"]
+    assert intake.drained()

@@ -1,0 +1,95 @@
+"""Rank 0's reports: post stages overlap, reports stay in lease order, and settle waits only down to
+its limit. Each fake post stage waits on a gate the test opens, so the order is forced by events,
+not by sleeps."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from protocol import ErrorCode, Lease, TaskResult
+from worker.serving.heartbeat import WorkerState
+from worker.serving.reporter import Reporter, failure
+from worker.serving.task import Task
+
+
+class RecordingClient:
+    def __init__(self) -> None:
+        self.reports: list[tuple[str, str]] = []
+
+    def report(self, task_id, rep, deadline_s):
+        self.reports.append((task_id, rep.status))
+
+
+class GatedPost:
+    """Each task's post stage waits for its gate, records that it finished, and settles."""
+
+    def __init__(self, ids: str) -> None:
+        self.gates = {t: threading.Event() for t in ids}
+        self.finished: list[str] = []
+        self._pool = ThreadPoolExecutor(len(ids))
+
+    def submit(self, task: Task):
+        return self._pool.submit(self._run, task)
+
+    def _run(self, task: Task):
+        assert self.gates[task.id].wait(10)
+        self.finished.append(task.id)
+        if task.id == "c":
+            return failure(ErrorCode.STORAGE_UNAVAILABLE, "down", retryable=True)
+        return TaskResult(uri=f"file:///{task.id}.png", content_type="image/png", width=64, height=64, seed=1,
+                          bytes=1, sha256="0")
+
+
+def task(task_id: str) -> Task:
+    return Task(Lease(task_id=task_id, input={}, created_at=0.0, lease_token="tok", lease_deadline=0.0,
+                      lease_ttl_s=10.0, attempt=1))
+
+
+@pytest.fixture
+def reporter():
+    client = RecordingClient()
+    return Reporter(client, lambda: "w-1", WorkerState(), deadline_s=1.0), client
+
+
+def test_reports_follow_lease_order_while_post_stages_overlap(reporter):
+    reporter, client = reporter
+    post = GatedPost("abc")
+    futures = {t: post.submit(task(t)) for t in "abc"}
+    for t in "abc":  # handing over never waits for a post stage: every gate is still closed
+        reporter.track(task(t), futures[t])
+    post.gates["b"].set()  # b's and c's post stages finish before a's
+    futures["b"].result(5)
+    post.gates["c"].set()
+    futures["c"].result(5)
+    post.gates["a"].set()
+    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    assert post.finished[0] == "b"  # b finished first...
+    assert client.reports == [("a", "succeeded"), ("b", "succeeded"), ("c", "failed")]  # ...reported after a
+
+
+def test_settle_reports_what_is_done_and_leaves_the_rest(reporter):
+    reporter, client = reporter
+    post = GatedPost("ab")
+    first = post.submit(task("a"))
+    reporter.track(task("a"), first)
+    reporter.track(task("b"), post.submit(task("b")))
+    post.gates["a"].set()
+    first.result(5)
+    reporter.settle(1, keepalive=lambda: None, every_s=0.05)
+    assert client.reports == [("a", "succeeded")] and reporter.pending == 1
+    keepalives = []
+    threading.Timer(0.2, post.gates["b"].set).start()
+    reporter.settle(0, keepalive=lambda: keepalives.append(1), every_s=0.05)
+    assert client.reports == [("a", "succeeded"), ("b", "succeeded")]
+    assert keepalives  # the followers were kept alive while it waited
+
+
+def test_a_post_stage_that_raises_fails_its_task_retryable(reporter):
+    reporter, client = reporter
+    pool = ThreadPoolExecutor(1)
+    reporter.track(task("a"), pool.submit(lambda: 1 / 0))
+    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    assert client.reports == [("a", "failed")]

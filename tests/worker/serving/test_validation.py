@@ -1,0 +1,63 @@
+import pytest
+
+from worker.config import LimitsConfig
+from worker.serving.validation import InvalidRequest, validate_task
+
+LIMITS = LimitsConfig(min_side=64, max_side=1024, max_pixels=1024 * 768, default_width=256,
+                      default_height=256, max_prompt_chars=100)
+
+
+def test_defaults_fill_missing_fields():
+    job = validate_task("t1", {"prompt": "a cat"}, LIMITS)
+    assert (job.width, job.height, job.steps, job.seed, job.output_format) == (256, 256, 4, None, "png")
+
+
+def test_full_request():
+    job = validate_task("t1", {"prompt": "a cat", "width": 512, "height": 320, "steps": 2, "seed": 9,
+                               "output_format": "png"}, LIMITS)
+    assert (job.width, job.height, job.steps, job.seed) == (512, 320, 2, 9)
+
+
+@pytest.mark.parametrize("raw, reason", [
+    ({"prompt": ""}, "prompt: must not be empty"),
+    ({"prompt": "   "}, "prompt: must not be empty"),
+    ({"prompt": "x" * 101}, "prompt: 101 characters, the limit is 100"),
+    ({"prompt": "a\x00b"}, "NUL"),
+    ({"prompt": 42}, "prompt: Input should be a valid string"),
+    ({}, "prompt: required"),
+    ({"prompt": "x", "width": 100}, "width: 100 is not a multiple of 16"),
+    ({"prompt": "x", "height": 2048}, "height: 2048 is outside [64, 1024]"),
+    ({"prompt": "x", "width": 32}, "width: 32 is outside"),
+    ({"prompt": "x", "width": 1024, "height": 1024}, "exceeds 786432"),
+    ({"prompt": "x", "width": "256"}, "width: Input should be a valid integer"),
+    ({"prompt": "x", "width": 256.0}, "width: Input should be a valid integer"),
+    ({"prompt": "x", "steps": True}, "steps: Input should be a valid integer"),
+    ({"prompt": "x", "steps": 0}, "steps: 0 is outside [1, 8]"),
+    ({"prompt": "x", "steps": 9}, "steps: 9 is outside"),
+    ({"prompt": "x", "seed": -1}, "seed: Input should be greater than or equal to 0"),
+    ({"prompt": "x", "seed": 2**63}, "seed: Input should be less than or equal to"),
+    ({"prompt": "x", "output_format": "gif"}, "output_format: 'gif' is not one of ['png', 'webp', 'jpeg']"),
+    ({"prompt": "x", "colour": "red"}, "colour: unknown field"),
+])
+def test_refusals_name_the_field(raw, reason):
+    with pytest.raises(InvalidRequest) as e:
+        validate_task("t1", raw, LIMITS)
+    assert reason in str(e.value)
+
+
+def test_several_problems_are_reported_together():
+    with pytest.raises(InvalidRequest) as e:
+        validate_task("t1", {"prompt": 1, "width": "x", "extra": 0}, LIMITS)
+    assert "prompt:" in str(e.value) and "width:" in str(e.value) and "extra: unknown field" in str(e.value)
+
+
+@pytest.mark.parametrize("raw", [None, [], "prompt", 3])
+def test_input_must_be_an_object(raw):
+    with pytest.raises(InvalidRequest, match="input must be a JSON object"):
+        validate_task("t1", raw, LIMITS)
+
+
+@pytest.mark.parametrize("task_id", ["../etc/passwd", "", ".hidden", "a/b", "x" * 129])
+def test_task_ids_must_be_safe_object_names(task_id):
+    with pytest.raises(InvalidRequest, match="task id"):
+        validate_task(task_id, {"prompt": "x"}, LIMITS)

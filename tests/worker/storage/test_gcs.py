@@ -1,0 +1,105 @@
+"""The GCS store against a real emulator (fake-gcs-server on 127.0.0.1) with the official client."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from tests.harness import Emulator
+from worker.config import GCSConfig
+from worker.storage.gcs import GCSStore
+from worker.storage import Artifact, ObjectConflict, StorageConfigError
+
+CREATED = dt.datetime(2026, 1, 2, 23, 59, tzinfo=dt.timezone.utc).timestamp()
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    emu = Emulator(tmp_path_factory.mktemp("gcs"))
+    yield emu
+    emu.stop()
+
+
+@pytest.fixture
+def gcs(emulator, monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+    return emulator
+
+
+def store(gcs, bucket="results", **kw) -> GCSStore:
+    gcs.bucket(bucket)
+    return GCSStore(GCSConfig(bucket=bucket, deadline_s=2.0, **kw))
+
+
+def art(task_id="t1", data=b"\x89PNG fake", meta=None) -> Artifact:
+    return Artifact(task_id, data, "image/png", CREATED, meta or {"seed": "7", "model": "tiny"})
+
+
+def test_put_stores_bytes_content_type_and_metadata(gcs):
+    obj = store(gcs, cache_control="private, max-age=60").put(art())
+    assert obj.uri == "gs://results/results/2026/01/02/t1.png" and obj.url is None
+    blob = gcs.bucket("results").get_blob("results/2026/01/02/t1.png")
+    assert blob.download_as_bytes() == b"\x89PNG fake"
+    assert blob.content_type == "image/png" and blob.cache_control == "private, max-age=60"
+    assert blob.metadata == {"seed": "7", "model": "tiny", "sha256": hashlib.sha256(b"\x89PNG fake").hexdigest()}
+    assert obj.sha256 == blob.metadata["sha256"] and obj.bytes == blob.size
+
+
+def test_object_name_template(gcs):
+    s = store(gcs, prefix="imgs", object_name="{prefix}/{model}/{task_id}.{ext}")
+    assert s.put(art("t2")).uri == "gs://results/imgs/tiny/t2.png"
+
+
+def test_a_duplicate_upload_of_the_same_bytes_succeeds_and_leaves_one_object(gcs):
+    s = store(gcs, bucket="dupes")
+    first, second = s.put(art("t3")), s.put(art("t3"))
+    assert first == second
+    assert [b.name for b in gcs.client().list_blobs("dupes")] == ["results/2026/01/02/t3.png"]
+
+
+def test_other_bytes_under_the_same_name_are_refused_not_overwritten(gcs):
+    s = store(gcs, bucket="conflicts")
+    s.put(art("t4", b"first"))
+    with pytest.raises(ObjectConflict, match="already holds other bytes"):
+        s.put(art("t4", b"second"))
+    assert gcs.bucket("conflicts").get_blob("results/2026/01/02/t4.png").download_as_bytes() == b"first"
+
+
+def test_check_writable_passes_and_leaves_nothing_behind(gcs):
+    s = store(gcs, bucket="probed")
+    s.check_writable()
+    assert list(gcs.client().list_blobs("probed")) == []
+
+
+def test_a_missing_bucket_is_named(gcs):
+    s = GCSStore(GCSConfig(bucket="no-such-bucket", deadline_s=2.0))
+    with pytest.raises(StorageConfigError, match="bucket 'no-such-bucket' does not exist"):
+        s.check_writable()
+
+
+def test_signed_url_v4_with_a_service_account_key(gcs, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    key_file = tmp_path / "sa.json"
+    key_file.write_text(json.dumps({
+        "type": "service_account", "project_id": "test", "private_key_id": "k1", "private_key": pem,
+        "client_email": "worker@test.iam.gserviceaccount.com", "client_id": "1",
+        "token_uri": "https://oauth2.googleapis.com/token"}))
+    obj = store(gcs, credentials_file=str(key_file), signed_url_ttl_s=900).put(art("t5"))
+    query = parse_qs(urlparse(obj.url).query)
+    assert query["X-Goog-Algorithm"] == ["GOOG4-RSA-SHA256"] and query["X-Goog-Expires"] == ["900"]
+    assert query["X-Goog-Credential"][0].startswith("worker@test.iam.gserviceaccount.com/")
+    assert "t5.png" in urlparse(obj.url).path
+
+
+def test_signing_without_a_key_file_is_refused_at_start(gcs):
+    with pytest.raises(StorageConfigError, match="needs storage.gcs.credentials_file"):
+        store(gcs, signed_url_ttl_s=60)

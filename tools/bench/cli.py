@@ -1,0 +1,168 @@
+"""`dit-worker bench` (`make bench`): throughput and latency of three ways to make the same images,
+run one after another in one process tree on the same device:
+
+  baseline   a plain diffusers loop, one image at a time, as a user would write it;
+  optimised  the worker's engine with the worker's settings ([speed], [batch]), no queue;
+  worker     the full worker under torchrun, served by the reference scheduler on loopback, with
+             the configured checks and a local store: lease, text check, broadcast, denoise, VAE,
+             image check, encode, store, report.
+
+For each it reports images/min, p50/p95 latency per task (the worker's: submit to result), a
+per-stage breakdown, peak memory, and achieved TFLOP/s against the transformer's FLOP count; then
+the ratios between them. `--sweep` adds the images/min of the optimised pipeline with each speed
+switch added one at a time. Writes bench.json and bench.png to --out.
+
+`--random-weights` builds the full-size FLUX.1-schnell architecture with random weights (no
+download; speed does not depend on the values), and random base-size safety models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+from pathlib import Path
+
+import torch
+
+from tools.bench import phases
+from tools.bench.figures import ratios, transformer_config, transformer_flop, with_tflops
+from tools.bench.plot import plot
+from worker.config import load_config
+from worker.model import speed
+from worker.ranks.distributed import pick_device
+
+log = logging.getLogger(__name__)
+
+# The speed switches added one at a time by --sweep, cumulatively.
+SWEEP = [
+    ("plain", []),
+    ("+ fused QKV", ["speed.fuse_qkv=true"]),
+    ("+ channels_last VAE", ["speed.channels_last_vae=true"]),
+    ("+ attention backend", None),  # --attention NAME; skipped without it
+    ("+ compile", ["speed.compile=true", "speed.compile_vae=true"]),
+    ("+ fp8", ["speed.fp8=true"]),
+    ("+ batch 4", ["batch.max_size=4"]),
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="configs/tiny.toml")
+    p.add_argument("--out", type=Path, default=Path("var/bench"))
+    p.add_argument("--images", type=int, default=16, help="images per phase and size")
+    p.add_argument("--size", action="append", default=[], metavar="WxH",
+                   help="repeatable; default: the config's warm-up sizes")
+    p.add_argument("--nproc", type=int, default=1, help="ranks of the worker phase")
+    p.add_argument("--random-weights", nargs="?", const="flux.1-schnell", default=None, metavar="ARCH",
+                   help="build ARCH (default flux.1-schnell) with random weights instead of loading it")
+    p.add_argument("--sweep", action="store_true", help="images/min per speed switch, added one at a time")
+    p.add_argument("--attention", default="", help="attention backend for the sweep, e.g. _native_cudnn")
+    p.add_argument("--phases", default="baseline,optimised,worker")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+
+
+def main(argv: list[str]) -> int:
+    """`dit-worker bench ...`: the entry point, registered as a dit-worker plug-in command."""
+    p = argparse.ArgumentParser(prog="dit-worker bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+
+    for lib in (dlog, tlog):  # progress bars and per-call chatter would bury the figures
+        lib.disable_progress_bar()
+        lib.set_verbosity_error()
+    args.out.mkdir(parents=True, exist_ok=True)
+    overrides = list(args.set)
+    if args.random_weights:
+        overrides += [f"model.random_arch={args.random_weights}", *_random_safety(args.out / "models")]
+    cfg = load_config(args.config, overrides)
+    device = pick_device(cfg.model.device, local_rank=0)
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.size] or list(cfg.warmup.sizes)
+    wanted = args.phases.split(",")
+    report: dict = {"device": _describe(device), "config": args.config, "overrides": overrides,
+                    "model": cfg.model.random_arch if cfg.model.random_arch != "none" else cfg.model.source,
+                    "dtype": cfg.model.dtype, "steps": cfg.limits.default_steps, "images": args.images,
+                    "batch_size": cfg.batch.max_size, "speed": cfg.speed.model_dump(), "sizes": {}}
+    for width, height in sizes:
+        jobs = phases.jobs(args.images, width, height, cfg.limits.default_steps)
+        entry = report["sizes"][f"{width}x{height}"] = {}
+        flops = transformer_flop(transformer_config(cfg), width, height, cfg.model.max_sequence_length,
+                                 cfg.limits.default_steps)
+        entry["transformer_tflop_per_image"] = round(flops / 1e12, 4)
+        if "baseline" in wanted:
+            entry["baseline"] = with_tflops(phases.bare_baseline(cfg, jobs, device), flops)
+        if "optimised" in wanted:
+            entry["optimised"] = with_tflops(phases.bare_optimised(cfg, jobs, device), flops)
+        if "worker" in wanted:
+            entry["worker"] = with_tflops(phases.full_worker(args, overrides, jobs, args.out / f"run-{width}x{height}"), flops)
+        entry["ratios"] = ratios(entry)
+        if args.sweep:
+            entry["sweep"] = sweep(args, overrides, jobs, device, flops)
+        _print(f"{width}x{height}", entry)
+    (args.out / "bench.json").write_text(json.dumps(report, indent=2))
+    plot(report, args.out / "bench.png")
+    print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
+    return 0
+
+
+def sweep(args, overrides: list[str], jobs: list, device: torch.device, flops: float) -> list[dict]:
+    """The optimised pipeline with each switch added to the ones before it."""
+    # From everything off, whatever the config file turns on; later overrides win.
+    off = ["speed.compile=false", "speed.compile_vae=false", "speed.fuse_qkv=false", "speed.channels_last_vae=false",
+           "speed.attention_backend=''", "speed.fp8=false", "batch.max_size=1"]
+    rows, current = [], [o for o in overrides if not o.startswith(("speed.", "batch."))] + off
+    for label, extra in SWEEP:
+        if extra is None:
+            extra = [f"speed.attention_backend={args.attention}"] if args.attention else []
+            if not extra:
+                rows.append({"step": label, "skipped": "no --attention given"})
+                continue
+        trial = current + extra
+        try:
+            cfg = load_config(args.config, trial)
+            speed.check(cfg.speed, cfg.parallel, device, 1)
+        except Exception as e:  # this device cannot do it: say so, keep the switches before it
+            rows.append({"step": label, "skipped": str(e)})
+            continue
+        current = trial
+        row = with_tflops(phases.bare_optimised(cfg, jobs, device), flops)
+        rows.append({"step": label, "images_per_min": row["images_per_min"], "p50_ms": row["latency_ms"]["p50"],
+                     "tflops": row["tflops"]})
+        print(f"  sweep {label:24s} {row['images_per_min']:8.1f} images/min")
+    return rows
+
+
+def _random_safety(models: Path) -> list[str]:
+    """Base-size detoxify and ViT with random weights, thresholds that flag nothing: their cost, not
+    their verdicts, is what the benchmark needs."""
+    from tools.random_safety import make_detoxify_checkpoint, make_vit_classifier
+
+    ckpt = make_detoxify_checkpoint(models / "detoxify", size="base")
+    vit = make_vit_classifier(models / "vit", size="base")
+    return ["safety.text.backend=detoxify", f"safety.text.detoxify.checkpoint={ckpt}",
+            f"safety.text.detoxify.huggingface_config_path={Path(ckpt).parent}",
+            "safety.text.detoxify.model_type=original", "safety.text.detoxify.thresholds={ toxicity = 1.0 }",
+            "safety.image.backend=hf", f"safety.image.hf.model={vit}", "safety.image.hf.threshold=1.0"]
+
+
+def _describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _print(size: str, entry: dict) -> None:
+    print(f"{size}: {entry['transformer_tflop_per_image']} transformer TFLOP per image")
+    for name in ("baseline", "optimised", "worker"):
+        if name in entry:
+            e = entry[name]
+            print(f"  {name:10s} {e['images_per_min']:8.1f} images/min  p50 {e['latency_ms']['p50']:8.1f} ms  "
+                  f"p95 {e['latency_ms']['p95']:8.1f} ms  {e['tflops']:.3f} TFLOP/s  peak {e['peak_memory_mb']} MB")
+    print(f"  ratios {entry['ratios']}")

@@ -1,0 +1,156 @@
+"""The benchmark's three phases, each making the same images on the same device:
+
+  baseline   a plain diffusers loop, one image at a time, as a user would write it;
+  optimised  the worker's engine with the worker's settings ([speed], [batch]), no queue;
+  worker     the full worker under torchrun, served by the reference scheduler on loopback, with
+             the configured checks and a local store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from pathlib import Path
+
+import torch
+
+from launch.local import Client, free_port, start_scheduler, start_worker, wait_until
+from tools.bench.figures import mean, per_image, percentiles, phase
+from worker.config import WorkerConfig
+from worker.model.engine import Engine, load_pipeline, peak_memory_mb
+from worker.model.job import Job
+
+PROMPTS = [
+    "a lighthouse on a rocky cliff at dawn, waves crashing below, golden light",
+    "a red fox in fresh snow, watercolour",
+    "an astronaut riding a horse on the moon, 35mm film",
+    "a bowl of ramen on a wooden table, studio lighting",
+    "a cathedral made of glass in a pine forest",
+    "a tiny robot reading a book in a library",
+    "a street market in the rain at night, neon reflections",
+    "a hot air balloon over terraced rice fields",
+]
+
+
+
+def bare_baseline(cfg: WorkerConfig, jobs: list[Job], device: torch.device) -> dict:
+    """What a user writes first: from_pretrained, .to(device), call the pipeline per prompt."""
+    pipe = load_pipeline(cfg.model, device)
+    pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+
+    def one(job: Job):
+        return pipe(prompt=job.prompt, width=job.width, height=job.height, num_inference_steps=job.steps,
+                    guidance_scale=cfg.model.guidance_scale, max_sequence_length=cfg.model.max_sequence_length,
+                    generator=torch.Generator("cpu").manual_seed(job.seed)).images[0]
+
+    one(jobs[0])  # warm-up, not counted (the worker warms up too)
+    _reset_peak(device)
+    latencies, t0 = [], time.perf_counter()
+    for job in jobs:
+        t = time.perf_counter()
+        one(job)
+        latencies.append(time.perf_counter() - t)
+    result = phase(len(jobs), time.perf_counter() - t0, latencies, {}, peak_memory_mb(device))
+    pipe = None  # noqa: F841 (frees the model before the next phase)
+    _free(device)
+    return result
+
+
+def bare_optimised(cfg: WorkerConfig, jobs: list[Job], device: torch.device) -> dict:
+    """The worker's engine and settings, in this process, no queue, no checks, no storage."""
+    engine = Engine.load(cfg.model, device, cfg.speed, cfg.parallel, world_size=1)
+    n = cfg.batch.max_size
+    for size in range(1, n + 1):  # the worker's warm-up: every batch size (compiles each shape)
+        engine.generate_batch(jobs[:size] if size <= len(jobs) else [jobs[0]] * size)
+    _reset_peak(device)
+    latencies, stages, t0 = [], [], time.perf_counter()
+    for i in range(0, len(jobs), n):
+        chunk = jobs[i:i + n]
+        t = time.perf_counter()
+        batch = engine.generate_batch(chunk)
+        latencies += [time.perf_counter() - t] * len(chunk)
+        stages += [{k: v / len(chunk) for k, v in batch.timings.items()}] * len(chunk)
+    result = phase(len(jobs), time.perf_counter() - t0, latencies, mean(stages), peak_memory_mb(device))
+    engine = None  # noqa: F841
+    _free(device)
+    return result
+
+
+def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job], workdir: Path) -> dict:
+    """The worker as deployed: torchrun ranks, the reference scheduler, checks, a local store."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    scheduler = start_scheduler(workdir / "scheduler.db", port, workdir / "scheduler.log", lease_ttl=120.0)
+    worker = None
+    try:
+        # The ranks share this machine's threads as the bare phases had them, so the comparison is fair.
+        threads = str(max(1, torch.get_num_threads() // args.nproc))
+        worker = start_worker(Path(args.config), args.nproc, workdir / "worker.log", [
+            *overrides, f"queue.url={url}", "queue.heartbeat_interval_s=1.0", "storage.kind=local",
+            f"storage.local.root={workdir / 'images'}"], env={"OMP_NUM_THREADS": threads})
+        client = Client(url)
+        _wait_ready(client, worker, timeout=1800)
+        t0 = time.time()
+        ids = [client.submit(_input(j))["id"] for j in jobs]
+        done = client.wait(ids, timeout=600 + 60 * len(jobs), proc=worker)
+        tasks = [done[i] for i in ids]
+        failed = [t for t in tasks if t["status"] != "succeeded"]
+        if failed:
+            raise RuntimeError(f"{len(failed)} task(s) failed, e.g. {failed[0]['error']}")
+        seconds = max(t["finished_at"] for t in tasks) - t0
+        latencies = [t["finished_at"] - t["created_at"] for t in tasks]
+        time.sleep(2.5)  # a heartbeat after the last report carries the final counters
+        counters = client.http.get("/v1/workers").json()[0]["counters"]
+        stages = mean([per_image(t["result"]) for t in tasks])
+        if counters.get("reports"):
+            stages["report"] = counters["report_us_total"] / counters["reports"] / 1e3
+        result = phase(len(jobs), seconds, latencies, stages, counters.get("peak_memory_mb", 0))
+        result["idle_latency_ms"] = _idle_latency(client, worker, jobs[:min(5, len(jobs))])
+        return result
+    finally:
+        if worker is not None:
+            worker.stop(timeout=120)
+        scheduler.stop()
+
+
+def _idle_latency(client, worker, jobs: list[Job]) -> dict:
+    """Submit to result with nothing else queued: one task at a time."""
+    latencies = []
+    for job in jobs:
+        task_id = client.submit({**_input(job), "seed": job.seed + 1})["id"]
+        task = client.wait([task_id], timeout=600, proc=worker)[task_id]
+        latencies.append(task["finished_at"] - task["created_at"])
+    return percentiles(latencies)
+
+
+def jobs(n: int, width: int, height: int, steps: int) -> list[Job]:
+    return [Job(task_id=f"bench-{i}", prompt=PROMPTS[i % len(PROMPTS)] + f", variation {i}", width=width,
+                height=height, steps=steps, seed=1000 + i, output_format="png") for i in range(n)]
+
+
+def _input(job: Job) -> dict:
+    return {"prompt": job.prompt, "width": job.width, "height": job.height, "steps": job.steps, "seed": job.seed}
+
+
+def _wait_ready(client, worker, timeout: float) -> None:
+    def ready() -> bool:
+        workers = client.http.get("/v1/workers").json()
+        return bool(workers) and workers[0]["status"] == "ready"
+
+    wait_until(ready, timeout, "the worker to be ready", proc=worker)
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+

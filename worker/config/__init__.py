@@ -1,0 +1,24 @@
+"""The worker's configuration: one typed tree (schema) loaded from a TOML file in configs/ (loader)."""
+
+from worker.config.loader import ConfigError, describe_errors, load_config
+from worker.config.schema import (
+    BatchConfig,
+    DistributedConfig,
+    EncodeConfig,
+    GCSConfig,
+    LimitsConfig,
+    LocalStorageConfig,
+    LoggingConfig,
+    ModelConfig,
+    ParallelConfig,
+    QueueConfig,
+    SpeedConfig,
+    StorageConfig,
+    StoreTarget,
+    WarmupConfig,
+    WorkerConfig,
+)
+
+__all__ = ["BatchConfig", "ConfigError", "DistributedConfig", "EncodeConfig", "GCSConfig", "LimitsConfig",
+           "LocalStorageConfig", "LoggingConfig", "ModelConfig", "ParallelConfig", "QueueConfig", "SpeedConfig",
+           "StorageConfig", "StoreTarget", "WarmupConfig", "WorkerConfig", "describe_errors", "load_config"]

@@ -1,0 +1,260 @@
+"""The worker's configuration tree: one typed section per component, each component receiving only
+its own. Rules that span sections (timeouts that must nest, speed switches the device field rules
+out) are checked here, so a combination that cannot work is refused at start, naming the field.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from safety.config import SafetyConfig, Section
+
+class QueueConfig(Section):
+    url: str = "http://127.0.0.1:8700"
+    # Name of the environment variable holding the bearer token; read at start, never stored here.
+    token_env: str = "DIT_WORKER_TOKEN"
+    timeout_s: float = Field(10.0, gt=0)
+    lease_wait_s: float = Field(10.0, ge=0, le=60, description="long-poll wait per lease call")
+    # The most one lease call asks for; the worker leases ahead only what one round can hold
+    # (batch.max_size x ranks in data-parallel mode).
+    max_tasks: int = Field(8, ge=1, le=256)
+    heartbeat_interval_s: float = Field(30.0, gt=0)
+    # How long a result report keeps retrying before the lease expiry takes over.
+    report_deadline_s: float = Field(45.0, gt=0)
+    idle_backoff_max_s: float = Field(10.0, gt=0, description="cap on waits while the queue is down")
+
+
+class DistributedConfig(Section):
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    # Loading 30 GB of weights and compiling can take many minutes; serving collectives cannot.
+    load_timeout_s: float = Field(1800.0, gt=0)
+    serve_timeout_s: float = Field(120.0, gt=0)
+
+
+class ModelConfig(Section):
+    name: str = "flux.1-schnell"
+    source: str = Field("black-forest-labs/FLUX.1-schnell", description="Hub id or local directory")
+    revision: str | None = None
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    guidance_scale: float = 0.0
+    max_sequence_length: int = Field(256, ge=1, le=512)
+    # Benchmarks only: build this architecture with random weights instead of loading `source`.
+    # Speed does not depend on the values; the images are noise.
+    random_arch: Literal["none", "tiny", "flux.1-schnell"] = "none"
+
+
+class LimitsConfig(Section):
+    """What a request may ask for; validation refuses anything outside it."""
+
+    max_prompt_chars: int = Field(2000, ge=1)
+    min_side: int = Field(256, ge=16)
+    max_side: int = Field(2048, ge=16)
+    max_pixels: int = Field(2048 * 2048, ge=256)
+    default_width: int = 1360
+    default_height: int = 768
+    default_steps: int = Field(4, ge=1)
+    max_steps: int = Field(8, ge=1)
+    # The first is the default; a task may ask for any other listed here.
+    output_formats: tuple[Literal["png", "webp", "jpeg"], ...] = ("png", "webp", "jpeg")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LimitsConfig":
+        for name in ("min_side", "max_side", "default_width", "default_height"):
+            if getattr(self, name) % 16:
+                raise ValueError(f"{name} must be a multiple of 16")
+        if not self.min_side <= self.default_width <= self.max_side:
+            raise ValueError("default_width must lie within [min_side, max_side]")
+        if not self.min_side <= self.default_height <= self.max_side:
+            raise ValueError("default_height must lie within [min_side, max_side]")
+        if self.default_steps > self.max_steps:
+            raise ValueError("default_steps must not exceed max_steps")
+        return self
+
+
+class EncodeConfig(Section):
+    png_compress_level: int = Field(6, ge=0, le=9)
+    jpeg_quality: int = Field(90, ge=1, le=100)
+    webp_quality: int = Field(90, ge=1, le=100)
+    webp_method: int = Field(4, ge=0, le=6, description="0 fast .. 6 small")
+
+
+class WarmupConfig(Section):
+    # (width, height) pairs generated once before the worker reports ready.
+    sizes: tuple[tuple[int, int], ...] = ((1360, 768),)
+    prompt: str = "a lighthouse on a cliff at dawn"
+
+
+class BatchConfig(Section):
+    """Compatible tasks (same size and steps) generated together, each with its own seed."""
+
+    max_size: int = Field(1, ge=1, le=64, description="images per rank per generation")
+    # How long a partial batch waits for more compatible tasks before it starts anyway.
+    window_s: float = Field(0.0, ge=0, le=10)
+
+
+class ParallelConfig(Section):
+    """How the ranks share work. data: each rank generates its own share of a round of tasks.
+    context: all ranks generate the same images together (diffusers context parallelism), for the
+    lowest latency per image."""
+
+    mode: Literal["data", "context"] = "data"
+    # context mode: Ulysses (all-to-all of heads) or Ring (needs an attention backend returning LSE).
+    context_kind: Literal["ulysses", "ring"] = "ulysses"
+
+
+class SpeedConfig(Section):
+    """Per-device speed-ups, each independent; validated together at start and warmed up for every
+    warm-up size and batch size before the worker reports ready."""
+
+    compile: bool = Field(False, description="torch.compile the transformer")
+    compile_vae: bool = Field(False, description="torch.compile the VAE decoder")
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = "default"
+    fuse_qkv: bool = Field(False, description="fused QKV projections in the transformer")
+    channels_last_vae: bool = False
+    # diffusers attention backend name (e.g. native, flash, _native_cudnn, sage); "" keeps the default.
+    attention_backend: str = ""
+    fp8: bool = Field(False, description="torchao fp8 dynamic activation+weight, per-row scales")
+    prompt_cache_size: int = Field(0, ge=0, le=100_000, description="prompt embeddings kept; 0: off")
+    # For cards too small to hold every component: model keeps one component at a time on the
+    # device; sequential streams layers (much slower, least memory).
+    offload: Literal["none", "model", "sequential"] = "none"
+
+
+class LocalStorageConfig(Section):
+    root: str = "outputs"
+
+
+NAME_FIELDS = ("prefix", "yyyy", "mm", "dd", "task_id", "ext", "model")
+
+
+class GCSConfig(Section):
+    """Google Cloud Storage. Credentials: `credentials_file` (a service-account key) or Application
+    Default Credentials; STORAGE_EMULATOR_HOST is honoured (no auth against an emulator)."""
+
+    bucket: str = Field(min_length=3, max_length=222)
+    prefix: str = "results"
+    # The date is the task's submission date, the same on every attempt: one object per task.
+    object_name: str = "{prefix}/{yyyy}/{mm}/{dd}/{task_id}.{ext}"
+    project: str | None = None
+    credentials_file: str | None = None
+    cache_control: str | None = "private, max-age=31536000, immutable"
+    include_prompt: bool = Field(False, description="store the prompt itself in the object's metadata")
+    signed_url_ttl_s: int = Field(0, ge=0, le=7 * 24 * 3600, description="0: no signed URL")
+    timeout_s: float = Field(30.0, gt=0, description="per HTTP request")
+    deadline_s: float = Field(60.0, gt=0, description="all retries of one upload; then storage_unavailable")
+    backoff_initial_s: float = Field(0.5, gt=0)
+    backoff_max_s: float = Field(8.0, gt=0)
+
+    @model_validator(mode="after")
+    def _name_template(self) -> "GCSConfig":
+        fields = {f for _, f, _, _ in string.Formatter().parse(self.object_name) if f is not None}
+        if unknown := fields - set(NAME_FIELDS):
+            raise ValueError(f"object_name: unknown field(s) {', '.join(sorted(unknown))}; "
+                             f"use {', '.join(NAME_FIELDS)}")
+        if "task_id" not in fields:
+            raise ValueError("object_name: must contain {task_id}, or tasks would overwrite each other")
+        return self
+
+
+class StoreTarget(Section):
+    kind: Literal["local", "gcs"] = "local"
+    local: LocalStorageConfig = LocalStorageConfig()
+    gcs: GCSConfig | None = None
+
+    @model_validator(mode="after")
+    def _gcs_needs_bucket(self) -> "StoreTarget":
+        if self.kind == "gcs" and self.gcs is None:
+            raise ValueError("gcs: kind 'gcs' needs a [gcs] section with a bucket")
+        return self
+
+
+class StorageConfig(StoreTarget):
+    # Checks, encoding and upload run in a pool on rank 0 while the next image generates.
+    workers: int = Field(2, ge=1, le=32)
+    max_pending: int = Field(4, ge=1, le=256, description="generated, not yet reported; then wait")
+    # Where images the image check flagged go, for review; unset: they are not kept anywhere.
+    quarantine: StoreTarget | None = None
+
+    @model_validator(mode="after")
+    def _quarantine_apart(self) -> "StorageConfig":
+        q = self.quarantine
+        if q is not None and q.kind == self.kind and _location(q) == _location(self):
+            raise ValueError("quarantine: must not be the results location (flagged images would be published)")
+        return self
+
+
+def _location(t: StoreTarget) -> tuple:
+    if t.kind == "gcs":
+        return (t.gcs.bucket, t.gcs.prefix)
+    return (str(Path(t.local.root).resolve()),)
+
+
+class LoggingConfig(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class WorkerConfig(Section):
+    """The whole tree: one section per component. A section the file leaves out takes its defaults."""
+
+    queue: QueueConfig
+    distributed: DistributedConfig
+    model: ModelConfig
+    limits: LimitsConfig
+    warmup: WarmupConfig
+    batch: BatchConfig
+    parallel: ParallelConfig
+    speed: SpeedConfig
+    encode: EncodeConfig
+    storage: StorageConfig
+    safety: SafetyConfig
+    logging: LoggingConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _missing_sections_are_empty(cls, data):
+        if not isinstance(data, dict):
+            return data
+        return {**{name: {} for name in cls.model_fields}, **data}
+
+    @model_validator(mode="after")
+    def _collectives_outlive_rank0_io(self) -> "WorkerConfig":
+        # Followers wait in a collective while rank 0 long-polls or backs off; that wait must end
+        # well before the serve timeout, or an idle worker would kill itself.
+        idle = self.queue.lease_wait_s + self.queue.timeout_s + self.queue.idle_backoff_max_s
+        if idle >= self.distributed.serve_timeout_s / 2:
+            raise ValueError(
+                "queue.lease_wait_s + queue.timeout_s + queue.idle_backoff_max_s must be under half "
+                f"of distributed.serve_timeout_s ({idle:.0f}s; half is {self.distributed.serve_timeout_s / 2:.0f}s)")
+        if self.queue.report_deadline_s >= self.distributed.serve_timeout_s / 2:
+            raise ValueError("queue.report_deadline_s must be under half of distributed.serve_timeout_s")
+        # After a generation, followers wait while rank 0 runs the image check and reports.
+        if self.safety.timeout_s + self.queue.report_deadline_s >= self.distributed.serve_timeout_s / 2:
+            raise ValueError("safety.timeout_s + queue.report_deadline_s must be under half of "
+                             "distributed.serve_timeout_s")
+        lim = self.limits
+        for w, h in self.warmup.sizes:
+            if w % 16 or h % 16 or not (lim.min_side <= min(w, h) and max(w, h) <= lim.max_side):
+                raise ValueError(f"warmup.sizes: {w}x{h} is not a size the limits allow "
+                                 f"(multiples of 16 within [{lim.min_side}, {lim.max_side}])")
+        self._speed_fits_device()
+        return self
+
+    def _speed_fits_device(self) -> None:
+        """What can be refused from the file alone; worker.model.speed checks the device at start."""
+        sp, dev = self.speed, self.model.device
+        if dev == "cpu":
+            for name in ("fp8", "offload"):
+                if getattr(sp, name) not in (False, "none"):
+                    raise ValueError(f"speed.{name}: needs a CUDA device (model.device is cpu)")
+        if sp.fp8 and self.model.dtype == "float32":
+            raise ValueError("speed.fp8: quantizes a bfloat16/float16 model; set model.dtype")
+        if sp.offload != "none" and self.parallel.mode == "context":
+            raise ValueError("speed.offload: cannot be combined with parallel.mode = 'context'")
+        if sp.offload == "sequential" and (sp.compile or sp.fp8):
+            raise ValueError("speed.offload: 'sequential' streams weights layer by layer; "
+                             "it cannot be combined with speed.compile or speed.fp8")

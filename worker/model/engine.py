@@ -1,0 +1,169 @@
+"""The model: loaded once per rank, kept resident, run per batch of compatible jobs.
+
+`model.source` is a Hub id or a local directory for `FluxPipeline.from_pretrained`; HF_HUB_OFFLINE is
+honoured by huggingface_hub itself. `model.random_arch` builds an architecture with random weights
+instead (benchmarks where no weights can be downloaded).
+
+A job's image depends only on its own (prompt, seed, size, steps): each job has its own generator,
+and each prompt is embedded on its own (optionally from the LRU cache), so batching changes only
+the kernels' rounding, never the noise or the conditioning.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from worker.config import ModelConfig, ParallelConfig, SpeedConfig
+from worker.model import parallel, speed
+from worker.model.job import Job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Picture:
+    pixels: np.ndarray  # HxWx3 uint8 RGB
+    # Values that were NaN or inf before the cast to 8 bits, which hides them: a corrupted device
+    # context or an overflowing dtype. The quality check refuses such an image.
+    nonfinite: int = 0
+
+
+@dataclass
+class Batch:
+    pictures: list[Picture]
+    # Wall time of the whole batch per stage, ms: embed (T5 + CLIP), denoise, vae (decode + to 8 bits).
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, pipe, cfg: ModelConfig, device: torch.device, prompt_cache_size: int = 0) -> None:
+        self.pipe = pipe
+        self.cfg = cfg
+        self.device = device
+        self.generations = 0  # images produced since start, warm-up included
+        self._cache: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._cache_size = prompt_cache_size
+        self.cache_hits = 0
+
+    @classmethod
+    def load(cls, cfg: ModelConfig, device: torch.device, speed_cfg: SpeedConfig = SpeedConfig(),
+             parallel_cfg: ParallelConfig = ParallelConfig(), world_size: int = 1) -> "Engine":
+        from diffusers.utils import logging as dlog
+        from transformers.utils import logging as tlog
+
+        # Progress bars would flood the worker's logs, once per component and rank.
+        dlog.disable_progress_bar()
+        tlog.disable_progress_bar()
+        t0 = time.perf_counter()
+        pipe = load_pipeline(cfg, device)
+        speed.place(pipe, speed_cfg, device)
+        applied = speed.before_parallel(pipe, speed_cfg)
+        context = parallel.context_parallel(parallel_cfg, world_size)
+        if context:
+            parallel.enable_context_parallel(pipe.transformer, parallel_cfg, world_size, device)
+        applied += speed.after_parallel(pipe, speed_cfg, fullgraph=not context)
+        pipe.set_progress_bar_config(disable=True)
+        log.info("loaded %s from %s on %s in %.1fs; speed-ups: %s", cfg.name, _origin(cfg), device,
+                 time.perf_counter() - t0, ", ".join(applied) or "none")
+        return cls(pipe, cfg, device, speed_cfg.prompt_cache_size)
+
+    def generate(self, job: Job) -> Picture:
+        """Same (prompt, seed, size, steps) -> same pixels."""
+        return self.generate_batch([job]).pictures[0]
+
+    @torch.inference_mode()
+    def generate_batch(self, jobs: list[Job]) -> Batch:
+        """Jobs of one size and step count, each with its own seed, in one pass."""
+        first = jobs[0]
+        if any((j.width, j.height, j.steps) != (first.width, first.height, first.steps) for j in jobs):
+            raise ValueError("a batch mixes sizes or step counts")
+        if any(j.seed is None for j in jobs):
+            raise ValueError("job has no seed; rank 0 draws one before the broadcast")
+        t0 = time.perf_counter()
+        embeds, pooled = zip(*(self._embed(j.prompt) for j in jobs))
+        self._sync()
+        t1 = time.perf_counter()
+        marks: dict[str, float] = {}
+
+        def on_step_end(_pipe, i, _t, _kwargs):
+            if i == first.steps - 1:  # after the last scheduler step: denoising is done
+                self._sync()
+                marks["denoised"] = time.perf_counter()
+            return {}
+
+        images = self.pipe(
+            prompt_embeds=torch.cat(embeds), pooled_prompt_embeds=torch.cat(pooled),
+            width=first.width, height=first.height, num_inference_steps=first.steps,
+            guidance_scale=self.cfg.guidance_scale, max_sequence_length=self.cfg.max_sequence_length,
+            # A CPU generator per job draws the same noise on every device, rank count and batch.
+            generator=[torch.Generator("cpu").manual_seed(j.seed) for j in jobs],
+            output_type="pt", callback_on_step_end=on_step_end,
+        ).images
+        pictures = to_pictures(images)
+        t2 = time.perf_counter()
+        self.generations += len(jobs)
+        denoised = marks.get("denoised", t2)
+        return Batch(pictures, {"embed": (t1 - t0) * 1e3, "denoise": (denoised - t1) * 1e3,
+                                "vae": (t2 - denoised) * 1e3})
+
+    def _embed(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """T5 + CLIP embeddings of one prompt; repeated prompts come from the LRU cache."""
+        if (hit := self._cache.get(prompt)) is not None:
+            self._cache.move_to_end(prompt)
+            self.cache_hits += 1
+            return hit
+        embeds, pooled, _ = self.pipe.encode_prompt(
+            prompt=prompt, prompt_2=None, device=self.pipe._execution_device,
+            max_sequence_length=self.cfg.max_sequence_length)
+        if self._cache_size:
+            self._cache[prompt] = (embeds, pooled)
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return embeds, pooled
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def load_pipeline(cfg: ModelConfig, device: torch.device):
+    """The pipeline as from_pretrained gives it (or random weights of `random_arch`), not yet placed
+    on `device` unless built there."""
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.random_arch != "none":
+        from worker.model.architectures import build_pipeline
+
+        return build_pipeline(cfg.random_arch, dtype=dtype, device=device)
+    from diffusers import FluxPipeline  # heavy import, kept out of module import time
+
+    return FluxPipeline.from_pretrained(cfg.source, revision=cfg.revision, dtype=dtype)
+
+
+def _origin(cfg: ModelConfig) -> str:
+    return f"random weights ({cfg.random_arch} architecture)" if cfg.random_arch != "none" else cfg.source
+
+
+def peak_memory_mb(device: torch.device) -> int:
+    """Peak device memory on CUDA; on a CPU, the process's peak resident set since it started."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) >> 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+
+
+def to_pictures(images: torch.Tensor) -> list[Picture]:
+    """Bx3xHxW floats in [0, 1] on the device -> 8-bit RGB on the host, with the same rounding as
+    diffusers' numpy_to_pil. Only the 8-bit pixels cross to the host."""
+    images = images.float()
+    finite = torch.isfinite(images)
+    nonfinite = (~finite).flatten(1).sum(1).tolist()
+    # The cast of NaN is undefined; make it defined, then flag it.
+    pixels = torch.where(finite, images, 0.0).clamp(0.0, 1.0).mul(255).round().to(torch.uint8)
+    pixels = pixels.permute(0, 2, 3, 1).cpu().numpy()
+    return [Picture(np.ascontiguousarray(p), n) for p, n in zip(pixels, nonfinite)]

@@ -1,0 +1,118 @@
+"""What every rank does in step: receive a command from the coordinator, generate, agree on the outcome.
+
+The coordinator broadcasts exactly one command per serve-loop turn (Idle keeps followers' collective
+waits short while the queue is empty). A Generate carries a round of jobs; worker.ranks.sharing says
+which part each rank generates. After generating, a gather of each rank's batch to the coordinator is
+the closing barrier: it learns every image and every failure, and no rank runs ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from worker.model.engine import Batch, Engine, Picture
+from worker.model.job import Job
+from worker.ranks import sharing
+from worker.ranks.distributed import DistContext, all_gather, broadcast, gather
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Idle:
+    pass
+
+
+@dataclass(frozen=True)
+class Generate:
+    jobs: tuple[Job, ...]
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    reason: str
+
+
+Command = Idle | Generate | Shutdown
+
+
+@dataclass
+class Outcome:
+    """One job of a round, on the coordinator."""
+
+    picture: Picture | None  # None if a rank failed
+    errors: list[str]  # one entry per failed rank, empty when all succeeded
+    # ms: embed, denoise, vae (its rank's batch), gather, generate (the whole round)
+    timings: dict[str, float] = field(default_factory=dict)
+    batch_size: int = 1
+    rank: int = 0  # the rank that generated it
+
+
+def generate(engine: Engine, jobs: list[Job], ctx: DistContext, mode: str = "data", group=None) -> list[Outcome]:
+    """Every rank calls this with the same round. The coordinator gets one Outcome per job, in round
+    order; the other ranks get an empty list."""
+    t0 = time.perf_counter()
+    part = _run(engine, sharing.share(jobs, ctx.rank, ctx.world_size, mode), ctx)
+    t1 = time.perf_counter()
+    if mode == "context":
+        # Every rank holds the same images; only failures need to travel.
+        errors = [e for e in all_gather(_error(part), ctx, group) if e is not None]
+        parts = [part] if ctx.is_coordinator else []
+    else:
+        parts = gather(part, ctx, group)  # the coordinator: every rank's batch; others: []
+        errors = [e for e in map(_error, parts) if e is not None]
+    if not ctx.is_coordinator:
+        return []
+    t2 = time.perf_counter()
+    if errors:
+        return [Outcome(None, errors) for _ in jobs]
+    round_ms = {"gather": (t2 - t1) * 1e3, "generate": (t2 - t0) * 1e3}
+    out: list[Outcome | None] = [None] * len(jobs)
+    for rank, batch in enumerate(parts):
+        for slot, picture in zip(sharing.slots(len(jobs), rank, ctx.world_size, mode), batch.pictures):
+            out[slot] = Outcome(picture, [], {**batch.timings, **round_ms}, len(batch.pictures),
+                                rank if mode == "data" else ctx.coordinator)
+    return out
+
+
+def _run(engine: Engine, jobs: list[Job], ctx: DistContext) -> Batch | str:
+    """This rank's batch, or what went wrong on it."""
+    if not jobs:
+        return Batch([])
+    try:
+        return engine.generate_batch(jobs)
+    except Exception as e:  # any device or model error: report it, keep the ranks in step
+        log.exception("generation failed for %s", ", ".join(j.task_id for j in jobs))
+        return f"rank {ctx.rank}: {type(e).__name__}: {e}"
+
+
+def _error(part: Batch | str) -> str | None:
+    return part if isinstance(part, str) else None
+
+
+def follow(engine: Engine, ctx: DistContext, mode: str = "data") -> str:
+    """A follower's whole serve loop. Returns the shutdown reason."""
+    while True:
+        cmd: Command = broadcast(None, ctx)
+        if isinstance(cmd, Shutdown):
+            return cmd.reason
+        if isinstance(cmd, Generate):
+            generate(engine, list(cmd.jobs), ctx, mode)
+
+
+def warm_up(engine: Engine, sizes: tuple[tuple[int, int], ...], batch_sizes: range, prompt: str, steps: int,
+            ctx: DistContext, mode: str = "data") -> None:
+    """Runs every configured size at every batch size on every rank before the worker reports ready,
+    so compiled graphs exist for each shape a request can bring."""
+    for width, height in sizes:
+        for n in batch_sizes:
+            # Each rank generates n images: a full share in data mode, the whole round in context mode.
+            jobs = [Job(task_id=f"warmup-{i}", prompt=prompt, width=width, height=height, steps=steps, seed=i,
+                        output_format="png") for i in range(sharing.capacity(n, ctx.world_size, mode))]
+            t0 = time.perf_counter()
+            outs = generate(engine, jobs, ctx, mode, group=None)  # default group: the generous load timeout
+            if outs and outs[0].errors:
+                raise RuntimeError(f"warm-up at {width}x{height}, batch {n} failed: {'; '.join(outs[0].errors)}")
+            log.info("warm-up %dx%d batch %d: %.2fs", width, height, n, time.perf_counter() - t0)

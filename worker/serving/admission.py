@@ -1,0 +1,87 @@
+"""Rank 0's gate before the GPU, called by the intake for each leased task:
+
+    validate -> default seed -> fits the context-parallel split -> text check -> report `processing`
+
+A task that does not pass is failed and reported here with its reason (or dropped, when its lease
+is gone) and never reaches a round. Runs on the intake thread, while the current round generates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+from protocol import ErrorCode
+from safety.guard import Guard
+from safety.verdicts import CheckFailed
+from worker.config import LimitsConfig
+from worker.model.job import Job
+from worker.model.parallel import sequence_fits
+from worker.serving.heartbeat import WorkerState
+from worker.serving.queue_client import QueueError
+from worker.serving.reporter import Reporter
+from worker.serving.task import Task
+from worker.serving.validation import InvalidRequest, validate_task
+
+log = logging.getLogger(__name__)
+
+
+def default_seed(task_id: str) -> int:
+    """The seed of a task that names none: derived from the task id, so every attempt of a task
+    draws the same image and a late attempt overwriting the object writes the same bytes.
+    32 bits fit every common RNG; clients may send seeds up to 2**63 - 1."""
+    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:4], "big")
+
+
+@dataclass
+class Admission:
+    limits: LimitsConfig
+    guard: Guard
+    reporter: Reporter
+    state: WorkerState
+    context_ranks: int = 0  # context parallelism splits each image's sequence over this many ranks
+    text_tokens: int = 0  # the text's share of that sequence (model.max_sequence_length)
+
+    def admit(self, task: Task) -> bool:
+        """True when the task may be generated; its job is then set."""
+        try:
+            task.job = self._validate(task)
+        except InvalidRequest as e:
+            self.reporter.fail(task, ErrorCode.INVALID_REQUEST, str(e), retryable=False)
+            return False
+        with task.timings.stage("text_check"):
+            allowed = self._prompt_allowed(task)
+        if not allowed:
+            return False
+        try:
+            with task.timings.stage("admit"):
+                self.reporter.processing(task)
+        except QueueError as e:  # lease lost (409) or the report could not be delivered
+            log.warning("task %s dropped before generation: %s", task.id, e)
+            self.state.end(task.id)
+            return False
+        return True
+
+    def _validate(self, task: Task) -> Job:
+        job = validate_task(task.id, task.lease.input, self.limits)
+        if job.seed is None:
+            job = job.model_copy(update={"seed": default_seed(job.task_id)})
+        if self.context_ranks:
+            if why := sequence_fits(job.width, job.height, self.text_tokens, self.context_ranks):
+                raise InvalidRequest(why)
+        return job
+
+    def _prompt_allowed(self, task: Task) -> bool:
+        """The text check, before any GPU work. A refusal is final; a failing check is retryable."""
+        try:
+            verdict = self.guard.screen_prompt(task.job.prompt)
+        except CheckFailed as e:
+            self.reporter.fail(task, ErrorCode.SAFETY_CHECK_FAILED, str(e), retryable=True)
+            return False
+        if verdict is None or not verdict.refused:
+            return True
+        self.state.count("prompts_refused")
+        self.reporter.fail(task, ErrorCode.UNSAFE_PROMPT, f"prompt refused: {verdict.describe()}",
+                            retryable=False, details=verdict.details())
+        return False

@@ -1,0 +1,163 @@
+"""Rank 0's serve loop. Each turn: report what the post stage finished (in lease order), take a
+round of admitted tasks, broadcast it, generate in lockstep, hand the images to the post stage.
+
+    [intake thread: lease -> admission (validate, text check, report processing)]   intake, admission
+      -> take a round of one shape -> broadcast -> generate (all ranks)               ranks.lockstep
+      -> [post pool: quality check -> image check -> encode -> store]                 post
+      -> report results in lease order                                                reporter
+
+The intake admits the next round while the current one generates, and the post pool works on the
+previous round: the GPU waits on neither. While rank 0 waits for work or for the pool, it keeps its
+followers alive with Idle. A CollectiveError propagates and the process exits (ranks.distributed);
+so does Unhealthy, when the safety guard sees a run of corrupt outputs or check failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from protocol import DeviceInfo, ErrorCode
+from safety.guard import Guard
+from worker.config import WorkerConfig
+from worker.model.engine import Engine, peak_memory_mb
+from worker.model.parallel import context_parallel
+from worker.ranks import lockstep, sharing
+from worker.ranks.distributed import DistContext, broadcast
+from worker.serving.admission import Admission
+from worker.serving.heartbeat import WorkerState
+from worker.serving.intake import Intake
+from worker.serving.leasing import Leaser
+from worker.serving.post import PostStage
+from worker.serving.queue_client import QueueClient
+from worker.serving.registration import Registration
+from worker.serving.reporter import Reporter
+from worker.serving.task import Task
+from worker.storage import build_store
+
+log = logging.getLogger(__name__)
+
+
+class Unhealthy(RuntimeError):
+    """Outputs or checks keep failing: the device or a model is broken. Exit and be restarted."""
+
+
+class Coordinator:
+    def __init__(self, cfg: WorkerConfig, ctx: DistContext, client: QueueClient, guard: Guard,
+                 post: PostStage, state: WorkerState) -> None:
+        self.ctx = ctx
+        self.guard = guard
+        self.state = state
+        self.post = post
+        self._batch = cfg.batch
+        self._mode = cfg.parallel.mode
+        self._max_pending = cfg.storage.max_pending
+        self._capacity = sharing.capacity(cfg.batch.max_size, ctx.world_size, cfg.parallel.mode)
+        # Rank 0 never makes followers wait longer than this without a command.
+        self._keepalive_s = cfg.distributed.serve_timeout_s / 4
+        self._release_wait_s = cfg.queue.lease_wait_s + cfg.queue.timeout_s
+        self._stop = threading.Event()
+        self.registration = Registration(client, self.state, cfg.queue.heartbeat_interval_s, ctx.world_size,
+                                         cfg.model.name)
+        self.reporter = Reporter(client, lambda: self.registration.worker_id, self.state,
+                                 cfg.queue.report_deadline_s)
+        context = context_parallel(cfg.parallel, ctx.world_size)
+        admission = Admission(cfg.limits, guard, self.reporter, self.state,
+                              context_ranks=ctx.world_size if context else 0,
+                              text_tokens=cfg.model.max_sequence_length)
+        leaser = Leaser(client, self.registration, self.state, cfg.queue, self._stop)
+        self.intake = Intake(leaser, admission, target=self._capacity)
+
+    @classmethod
+    def build(cls, cfg: WorkerConfig, ctx: DistContext) -> "Coordinator":
+        """Everything rank 0 needs, checked before the worker registers: a store it can write to, a
+        quarantine apart from it, safety checks that load and pass their self-test."""
+        store = build_store(cfg.storage)
+        store.check_writable()  # before loading a model we could not deliver from
+        quarantine = build_store(cfg.storage.quarantine) if cfg.storage.quarantine else None
+        if quarantine:
+            quarantine.check_writable()
+        guard = Guard.load(cfg.safety)  # before registering: a worker that cannot check is never ready
+        token = os.environ.get(cfg.queue.token_env) or None
+        state = WorkerState(warnings=guard.warnings)
+        gcs = cfg.storage.gcs
+        post = PostStage(guard, store, quarantine, state, cfg.encode, cfg.model.name,
+                         include_prompt=bool(gcs and gcs.include_prompt), workers=cfg.storage.workers)
+        return cls(cfg, ctx, QueueClient(cfg.queue, token), guard, post, state)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def register(self, devices: list[DeviceInfo]) -> None:
+        self.registration.register(devices)
+
+    @property
+    def draining(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """Graceful drain: stop leasing, finish what is held, then shut the followers down."""
+        if not self._stop.is_set():
+            log.info("draining: no new leases; finishing the tasks held")
+            self.state.set_status("draining")
+            self._stop.set()
+            self.intake.stop()
+
+    def serve(self, engine: Engine) -> None:
+        self.state.set_counter("images_generated", engine.generations)  # warm-up included
+        self.state.set_status("ready")
+        self.intake.start()
+        try:
+            while not (self._stop.is_set() and self.intake.drained()):
+                self._turn(engine)
+                if reason := self.guard.unhealthy():
+                    self._stop_unhealthy(reason)
+            self.reporter.settle(0, self._keepalive, self._keepalive_s)
+            broadcast(lockstep.Shutdown("drained"), self.ctx)
+        finally:
+            self.post.shutdown()
+            self.registration.close()
+
+    # ------------------------------------------------------------ one turn
+
+    def _turn(self, engine: Engine) -> None:
+        self.reporter.settle(self._max_pending - self._capacity, self._keepalive, self._keepalive_s)
+        round_ = self.intake.take(self._capacity, self._batch.window_s, wait_s=self._keepalive_s)
+        if not round_:
+            self._keepalive()
+            return
+        for task, out in zip(round_, self._generate(engine, round_)):
+            if out.errors:
+                self.reporter.fail(task, ErrorCode.GENERATION_FAILED, "; ".join(out.errors), retryable=True)
+                continue
+            task.timings.record(**out.timings)
+            post = self.post.submit(task, out)
+            post.add_done_callback(lambda _: self.intake.nudge())  # report it without waiting for work
+            self.reporter.track(task, post)
+
+    def _generate(self, engine: Engine, round_: list[Task]) -> list[lockstep.Outcome]:
+        jobs = [t.job for t in round_]
+        t0 = time.perf_counter()
+        broadcast(lockstep.Generate(tuple(jobs)), self.ctx)
+        sent_ms = (time.perf_counter() - t0) * 1e3
+        for task in round_:
+            task.timings.record(broadcast=sent_ms)
+        outs = lockstep.generate(engine, jobs, self.ctx, self._mode)
+        self.state.set_counter("images_generated", engine.generations)
+        self.state.set_counter("peak_memory_mb", peak_memory_mb(self.ctx.device))
+        return outs
+
+    def _keepalive(self) -> None:
+        broadcast(lockstep.Idle(), self.ctx)
+
+    def _stop_unhealthy(self, reason: str) -> None:
+        """Reports what is finished, hands back what never started, stops the followers, raises."""
+        self.reporter.settle(0, self._keepalive, self._keepalive_s)
+        left = self.intake.close(join_s=self._release_wait_s)
+        if left:
+            log.warning("releasing %d task(s) never started: %s", len(left), reason)
+        for task in left:
+            self.reporter.release(task)
+        broadcast(lockstep.Shutdown(f"unhealthy: {reason}"), self.ctx)
+        raise Unhealthy(reason)

@@ -1,0 +1,127 @@
+"""Rank 0's lease-ahead: a thread that leases and admits (validates, text-checks) the next tasks
+while the current round generates, so the GPU never waits on the queue or the text check.
+
+It keeps at most `target` admitted tasks ready (one round's worth). The serve loop takes rounds of
+tasks of one shape (same size and steps) in lease order: up to `capacity`, waiting at most
+`window_s` from the moment the first of them was ready for more to arrive (batching).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Protocol
+
+from protocol import Lease
+from worker.serving.task import Task
+
+log = logging.getLogger(__name__)
+
+
+class Leases(Protocol):
+    def lease(self, n: int) -> list[Lease]:
+        """Up to n leases; long-polls, and handles its own errors and backoff."""
+
+
+class Gate(Protocol):
+    def admit(self, task: Task) -> bool:
+        """True: the task may be generated. False: it was failed and reported, or dropped."""
+
+
+class Intake:
+    def __init__(self, leases: Leases, gate: Gate, target: int) -> None:
+        self._leases = leases
+        self._gate = gate
+        self._target = target
+        self._ready: list[Task] = []
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._nudged = False
+        self._thread = threading.Thread(target=self._run, name="intake", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No new leases; what is already leased is still admitted and served."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def nudge(self) -> None:
+        """Ends a waiting take() early (e.g. a result is ready to report)."""
+        with self._cond:
+            self._nudged = True
+            self._cond.notify_all()
+
+    def drained(self) -> bool:
+        with self._cond:
+            return not self._thread.is_alive() and not self._ready
+
+    def close(self, join_s: float) -> list[Task]:
+        """Stops, waits for the thread (bounded), and hands back every task still ready."""
+        self.stop()
+        self._thread.join(join_s)
+        with self._cond:
+            left, self._ready = self._ready, []
+        return left
+
+    def take(self, capacity: int, window_s: float, wait_s: float) -> list[Task]:
+        """The next round, or [] if nothing was ready within `wait_s` or nudge() was called."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while not self._ready:
+                self._raise_if_failed()
+                left = deadline - time.monotonic()
+                if left <= 0 or self._nudged or not self._thread.is_alive():
+                    self._nudged = False
+                    return []
+                self._cond.wait(left)
+            shape = self._ready[0].shape
+            until = self._ready[0].ready_at + window_s
+            # Batching window: a partial round waits for more of its shape, unless draining.
+            while (sum(t.shape == shape for t in self._ready) < capacity and not self._stop.is_set()
+                   and (left := until - time.monotonic()) > 0):
+                self._cond.wait(left)
+            picked = [t for t in self._ready if t.shape == shape][:capacity]
+            self._ready = [t for t in self._ready if t not in picked]
+            self._cond.notify_all()
+        now = time.monotonic()
+        for task in picked:
+            task.timings.record(wait=(now - task.ready_at) * 1e3)
+        return picked
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._cond:
+                    while len(self._ready) >= self._target and not self._stop.is_set():
+                        self._cond.wait()
+                    room = self._target - len(self._ready)
+                if room > 0 and not self._stop.is_set():
+                    self._fill(room)
+        except BaseException as e:  # e.g. the scheduler refuses this worker: the serve loop raises it
+            log.error("intake stopped: %s", e)
+            self._error = e
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _fill(self, room: int) -> None:
+        t0 = time.perf_counter()
+        leases = self._leases.lease(room)
+        lease_ms = (time.perf_counter() - t0) * 1e3
+        for lease in leases:
+            task = Task(lease)
+            task.timings.record(lease=lease_ms)
+            if self._gate.admit(task):
+                with self._cond:
+                    task.ready_at = time.monotonic()
+                    self._ready.append(task)
+                    self._cond.notify_all()

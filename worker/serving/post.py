@@ -1,0 +1,120 @@
+"""After generation, on rank 0, off the GPU's critical path: quality check -> image check -> encode
+-> store. Runs in a bounded pool while the next round generates; each task settles on a result, an
+error, or nothing (its lease was lost), which the reporter reports in lease order.
+
+Nothing is stored unless both checks passed (or were switched off by config), and nothing settles
+as a result without a stored, verified object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol import ErrorCode, ErrorEnvelope, TaskResult
+from safety.guard import Guard
+from safety.verdicts import CheckFailed
+from worker.config import EncodeConfig
+from worker.model.job import Job
+from worker.ranks.lockstep import Outcome
+from worker.serving.heartbeat import WorkerState
+from worker.serving.reporter import Settled, failure
+from worker.serving.task import Task
+from worker.storage import Artifact, ObjectConflict, StorageUnavailable, Store
+from worker.storage.encode import encode_image
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PostStage:
+    guard: Guard
+    store: Store
+    quarantine: Store | None  # where flagged images go for review; None: not kept
+    state: WorkerState
+    encode: EncodeConfig
+    model_name: str
+    include_prompt: bool  # the prompt itself in the object's metadata (always its sha256)
+    workers: int  # threads of the pool
+
+    def __post_init__(self) -> None:
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="post")
+
+    def submit(self, task: Task, out: Outcome) -> Future:
+        """A Future of the task's Settled outcome."""
+        return self._pool.submit(self.run, task, out)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def run(self, task: Task, out: Outcome) -> Settled:
+        with task.timings.stage("image_check"):
+            refusal = self._check(task.job, out)
+        if refusal is not None:
+            return refusal
+        if self.state.is_lost(task.id):  # a newer attempt owns the task and its object
+            log.warning("task %s: lease lost; result discarded", task.id)
+            return None
+        return self._stored(task, out)
+
+    def _check(self, job: Job, out: Outcome) -> ErrorEnvelope | None:
+        """Quality, then content. None when the image may be stored."""
+        pixels = out.picture.pixels
+        quality = self.guard.inspect(pixels, out.picture.nonfinite)
+        if not quality.ok:
+            self.state.count("corrupt_outputs")
+            return failure(ErrorCode.CORRUPT_OUTPUT, quality.reason, retryable=True)
+        try:
+            verdict = self.guard.screen_image(pixels)
+        except CheckFailed as e:
+            return failure(ErrorCode.SAFETY_CHECK_FAILED, str(e), retryable=True)
+        if verdict is None or not verdict.refused:
+            return None
+        self.state.count("images_refused")
+        self._keep_for_review(job, pixels)
+        return failure(ErrorCode.UNSAFE_IMAGE, f"image refused: {verdict.describe()}", retryable=False,
+                       details=verdict.details())
+
+    def _keep_for_review(self, job: Job, pixels: np.ndarray) -> None:
+        """Puts a flagged image in quarantine, never in the results location. Best effort: the task
+        fails as unsafe_image either way."""
+        if self.quarantine is None:
+            return
+        try:
+            data, content_type = encode_image(pixels, job.output_format, self.encode)
+            obj = self.quarantine.put(Artifact(job.task_id, data, content_type, time.time(), self._metadata(job)))
+            log.warning("task %s: flagged image quarantined at %s", job.task_id, obj.uri)
+        except Exception:
+            log.exception("task %s: could not quarantine the flagged image", job.task_id)
+
+    def _stored(self, task: Task, out: Outcome) -> Settled:
+        job = task.job
+        with task.timings.stage("encode"):
+            data, content_type = encode_image(out.picture.pixels, job.output_format, self.encode)
+        try:
+            with task.timings.stage("store"):
+                obj = self.store.put(Artifact(job.task_id, data, content_type, task.lease.created_at,
+                                               self._metadata(job)))
+        except StorageUnavailable as e:
+            return failure(ErrorCode.STORAGE_UNAVAILABLE, str(e), retryable=True)
+        except ObjectConflict as e:  # other bytes under this task's name: a retry cannot fix it
+            return failure(ErrorCode.STORAGE_CONFLICT, str(e), retryable=False)
+        except Exception as e:
+            log.exception("task %s: storing failed", job.task_id)
+            return failure(ErrorCode.STORAGE_FAILED, f"{type(e).__name__}: {e}", retryable=True)
+        return TaskResult(uri=obj.uri, url=obj.url, content_type=content_type, width=job.width,
+                          height=job.height, seed=job.seed, bytes=obj.bytes, sha256=obj.sha256,
+                          timings_ms=task.timings.as_dict(), batch_size=out.batch_size, rank=out.rank)
+
+    def _metadata(self, job: Job) -> dict[str, str]:
+        meta = {"task_id": job.task_id, "seed": str(job.seed), "model": self.model_name,
+                "width": str(job.width), "height": str(job.height), "steps": str(job.steps),
+                "prompt_sha256": hashlib.sha256(job.prompt.encode()).hexdigest()}
+        if self.include_prompt:
+            meta["prompt"] = job.prompt
+        return meta

@@ -1,0 +1,154 @@
+"""HTTP client for the queue protocol (docs/protocol.md). Used on rank 0 only.
+
+Every call has a timeout, and every status code the protocol uses is mapped to one outcome:
+  200/201 -> parsed body; 204 -> nothing to do; 401/403 -> AuthError (fatal);
+  404 -> NotFound; 409 -> LeaseLost (or idempotency conflict); 400/422 -> QueueError (a bug: not retried);
+  429 -> Unavailable honouring Retry-After; 5xx and transport errors -> Unavailable (retried).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity.wait import wait_base
+
+from protocol import (Heartbeat, HeartbeatReply, Lease, LeaseRequest, LeaseResponse, Registered, RegisterWorker,
+                      Report, TaskView)
+from worker.config import QueueConfig
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+
+class QueueError(Exception):
+    pass
+
+
+class AuthError(QueueError):
+    pass
+
+
+class NotFound(QueueError):
+    pass
+
+
+class LeaseLost(QueueError):
+    """409: the task's lease belongs to a newer attempt; this worker's result must not be reported."""
+
+
+class Unavailable(QueueError):
+    """429, 5xx or a transport error: worth retrying, after `retry_after` seconds if the server said."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def backoff(inner: wait_base, max_s: float):
+    """Waits as `inner` does, unless the scheduler said how long (a 429's Retry-After), capped at max_s."""
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, Unavailable) and exc.retry_after is not None:
+            return min(exc.retry_after, max_s)
+        return inner(state)
+
+    return wait
+
+
+class QueueClient:
+    def __init__(self, cfg: QueueConfig, token: str | None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self._cfg = cfg
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=cfg.url, headers=headers, timeout=cfg.timeout_s,
+                                  transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ------------------------------------------------------------ protocol calls
+
+    def register(self, info: RegisterWorker, deadline_s: float) -> Registered:
+        return self._retrying(deadline_s, self._call, "POST", "/v1/workers", info, Registered)
+
+    def lease(self, worker_id: str, max_tasks: int, wait_s: float) -> list[Lease]:
+        """One long-poll; not retried here, because the serve loop must get back to its peers."""
+        body = LeaseRequest(max_tasks=max_tasks, wait_s=wait_s)
+        # The server may hold the request for wait_s before answering 204.
+        resp = self._call("POST", f"/v1/workers/{worker_id}/lease", body, LeaseResponse,
+                          timeout=self._cfg.timeout_s + wait_s)
+        return resp.leases if resp else []
+
+    def heartbeat(self, worker_id: str, hb: Heartbeat, deadline_s: float) -> HeartbeatReply:
+        return self._retrying(deadline_s, self._call, "POST", f"/v1/workers/{worker_id}/heartbeat",
+                              hb, HeartbeatReply)
+
+    def report(self, task_id: str, rep: Report, deadline_s: float) -> TaskView:
+        return self._retrying(deadline_s, self._call, "POST", f"/v1/tasks/{task_id}/report", rep,
+                              TaskView)
+
+    # ------------------------------------------------------------ plumbing
+
+    def _retrying(self, deadline_s: float, fn, *args: Any) -> Any:
+        max_s = max(1.0, deadline_s / 4)
+        retry = Retrying(
+            retry=retry_if_exception_type(Unavailable),
+            # Exponential backoff with full jitter, so workers do not return in step after an outage.
+            wait=backoff(wait_random_exponential(multiplier=0.5, max=max_s), max_s),
+            stop=stop_after_delay(deadline_s),
+            before_sleep=lambda s: log.warning("queue call failed (%s); retry %d",
+                                               s.outcome.exception(), s.attempt_number),
+            reraise=True,
+        )
+        return retry(fn, *args)
+
+    def _call(self, method: str, path: str, body: BaseModel, out: type[M],
+              timeout: float | None = None) -> M | None:
+        try:
+            resp = self._http.request(method, path, content=body.model_dump_json(),
+                                      headers={"Content-Type": "application/json"},
+                                      timeout=timeout or self._cfg.timeout_s)
+        except httpx.TransportError as e:  # connect, read timeouts, resets
+            raise Unavailable(f"{method} {path}: {type(e).__name__}: {e}") from e
+        return _parse(resp, out)
+
+
+def _parse(resp: httpx.Response, out: type[M]) -> M | None:
+    code, where = resp.status_code, f"{resp.request.method} {resp.request.url.path}"
+    if code in (200, 201):
+        return out.model_validate_json(resp.content)
+    if code == 204:
+        return None
+    detail = _detail(resp)
+    if code in (401, 403):
+        raise AuthError(f"{where}: {code} {detail} (check queue.token_env)")
+    if code == 404:
+        raise NotFound(f"{where}: {detail}")
+    if code == 409:
+        raise LeaseLost(f"{where}: {detail}")
+    if code in (400, 422):  # the scheduler refused the request's shape: the same body cannot succeed
+        raise QueueError(f"{where}: {code} {detail}")
+    if code == 429 or code >= 500:
+        raise Unavailable(f"{where}: {code} {detail}", _retry_after(resp))
+    raise QueueError(f"{where}: unexpected status {code} {detail}")
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:  # an HTTP-date; rare from schedulers, fall back to our own backoff
+        return None
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json().get("detail", resp.text))[:500]
+    except ValueError:
+        return resp.text[:500]
+

@@ -1,0 +1,70 @@
+"""This worker's registration with the scheduler, and the heartbeat thread that keeps it and its
+leases alive. When the scheduler has forgotten the worker (a 404, e.g. a fresh database), it
+registers again with the same description."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from importlib import metadata
+
+from protocol import DeviceInfo, RegisterWorker
+from worker.serving.heartbeat import HeartbeatThread, WorkerState
+from worker.serving.queue_client import AuthError, QueueClient
+
+log = logging.getLogger(__name__)
+
+# Generous: the scheduler may be restarting while this node boots.
+REGISTER_DEADLINE_S = 300.0
+
+
+class FatalQueueError(RuntimeError):
+    """The scheduler refuses this worker (auth); serving cannot go on."""
+
+
+class Registration:
+    def __init__(self, client: QueueClient, state: WorkerState, heartbeat_interval_s: float,
+                 world_size: int, model: str) -> None:
+        self._client = client
+        self._state = state
+        self._interval_s = heartbeat_interval_s
+        self._world_size = world_size
+        self._model = model
+        self._info: RegisterWorker | None = None
+        self._heartbeat: HeartbeatThread | None = None
+        self.worker_id = ""
+
+    def register(self, devices: list[DeviceInfo]) -> None:
+        self._info = RegisterWorker(hostname=socket.gethostname(), world_size=self._world_size,
+                                    devices=devices, model=self._model, version=_version())
+        self._register()
+
+    def ensure(self) -> None:
+        """Registers again if the heartbeat or a lease call found the worker unknown."""
+        if self._state.worker_unknown.is_set():
+            self._state.worker_unknown.clear()
+            self._register()
+
+    def close(self) -> None:
+        if self._heartbeat:
+            self._heartbeat.stop()
+
+    def _register(self) -> None:
+        try:
+            reg = self._client.register(self._info, deadline_s=REGISTER_DEADLINE_S)
+        except AuthError as e:
+            raise FatalQueueError(str(e)) from e
+        self.worker_id = reg.worker_id
+        log.info("registered as %s (lease ttl %.0fs)", reg.worker_id, reg.lease_ttl_s)
+        if self._heartbeat is None:
+            self._heartbeat = HeartbeatThread(self._client, self.worker_id, self._state, self._interval_s)
+            self._heartbeat.start()
+        else:
+            self._heartbeat.worker_id = self.worker_id
+
+
+def _version() -> str:
+    try:
+        return metadata.version("dit-worker")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,120 @@
+"""Rank 0's reports to the scheduler: `processing` before generation, then one final report per
+task (succeeded, failed or released), delivered in lease order.
+
+A task's post stage runs in a pool and may finish before an earlier task's; `settle` reports them in
+the order they were leased. A final report that cannot be delivered is logged and dropped: the
+lease then expires and the task is retried, and since object names derive from the task id the
+retry cannot leave a second object. Every final report ends the task's lease renewal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, wait
+
+from protocol import ErrorCode, ErrorEnvelope, Report, TaskResult
+from worker.serving.heartbeat import WorkerState
+from worker.serving.queue_client import LeaseLost, QueueClient, QueueError
+from worker.serving.task import Task
+
+log = logging.getLogger(__name__)
+
+# What a task's post stage settles on: its result, its error, or None when its lease was lost (a
+# newer attempt owns the task and reports it).
+Settled = TaskResult | ErrorEnvelope | None
+
+
+def failure(code: ErrorCode, message: str, *, retryable: bool, details: dict | None = None) -> ErrorEnvelope:
+    """The reporter logs it with the task id and adds the worker id when it reports."""
+    return ErrorEnvelope(code=code, message=message[:4000], retryable=retryable, details=details)
+
+
+class Reporter:
+    def __init__(self, client: QueueClient, worker_id: Callable[[], str], state: WorkerState,
+                 deadline_s: float) -> None:
+        self._client = client
+        self._worker_id = worker_id  # read at report time: a re-registration changes it
+        self._state = state
+        self._deadline_s = deadline_s  # retries of one report; then the lease expiry takes over
+        self._pending: deque[tuple[Task, Future]] = deque()  # in post stages, in lease order
+
+    # ------------------------------------------------------------ per task
+
+    def processing(self, task: Task) -> None:
+        """Generation is about to start (renews the lease). Raises QueueError: the task must not run."""
+        self._client.report(task.id, self._report(task, "processing"), deadline_s=self._deadline_s)
+
+    def fail(self, task: Task, code: ErrorCode, message: str, *, retryable: bool,
+             details: dict | None = None) -> None:
+        self.deliver(task, failure(code, message, retryable=retryable, details=details))
+
+    def release(self, task: Task) -> None:
+        """Leased but never started: back in the queue at once, and the attempt does not count."""
+        self._send(task, self._report(task, "released"))
+
+    def deliver(self, task: Task, settled: Settled) -> None:
+        if settled is None:  # lease lost: a newer attempt reports
+            self._state.end(task.id)
+        elif isinstance(settled, ErrorEnvelope):
+            log.info("task %s failed: %s: %s", task.id, settled.code, settled.message)
+            error = settled.model_copy(update={"worker_id": self._worker_id()})
+            self._send(task, self._report(task, "failed", error=error))
+        else:
+            self._send(task, self._report(task, "succeeded", result=settled))
+
+    # ------------------------------------------------------------ lease order
+
+    def track(self, task: Task, post: Future) -> None:
+        """A task handed to the post stage; reported by `settle` once it and every earlier one are."""
+        self._pending.append((task, post))
+
+    def settle(self, limit: int, keepalive: Callable[[], None], every_s: float) -> None:
+        """Reports finished post stages in lease order, and waits until at most `limit` tasks are
+        pending, calling `keepalive` (the followers wait in a collective) every `every_s` meanwhile."""
+        while self._pending:
+            task, post = self._pending[0]
+            if not post.done():
+                if len(self._pending) <= limit:
+                    return
+                if not wait([post], timeout=every_s).done:
+                    keepalive()
+                continue
+            self._pending.popleft()
+            self.deliver(task, _outcome(task, post))
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------ plumbing
+
+    def _report(self, task: Task, status: str, **payload) -> Report:
+        return Report(worker_id=self._worker_id(), lease_token=task.lease.lease_token, status=status, **payload)
+
+    def _send(self, task: Task, rep: Report) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._client.report(task.id, rep, deadline_s=self._deadline_s)
+        except LeaseLost as e:
+            log.warning("task %s: lease lost, result not reported: %s", task.id, e)
+        except QueueError as e:
+            log.error("task %s: report undeliverable, lease will expire: %s", task.id, e)
+        else:
+            self._state.count(f"tasks_{rep.status}")
+            self._state.count("report_us_total", int((time.perf_counter() - t0) * 1e6))
+            self._state.count("reports")
+            if rep.status == "succeeded":
+                log.info("task %s succeeded: %s", task.id, rep.result.uri)
+        finally:
+            self._state.end(task.id)
+
+
+def _outcome(task: Task, post: Future) -> Settled:
+    try:
+        return post.result()
+    except Exception as e:  # a bug in the post stage: fail the task, keep serving
+        log.exception("task %s: post-processing failed", task.id)
+        return failure(ErrorCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}", retryable=True)

@@ -1,0 +1,55 @@
+"""A task as rank 0 holds it from lease to report: its lease, its validated job, its stage timings.
+
+One Task object follows the task through every stage (intake, generation, post stage, report), so
+its timings are one record, filled stage by stage. A task is in one stage at a time, so one thread
+writes its record at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from protocol import Lease
+from worker.model.job import Job
+
+
+class Timings:
+    """Wall time in ms of each stage a task went through (the result's `timings_ms`). Stages shared
+    by a batch (broadcast, embed, denoise, vae, gather, generate) hold the batch's time."""
+
+    def __init__(self) -> None:
+        self._ms: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._ms[name] = (time.perf_counter() - t0) * 1e3
+
+    def record(self, **ms: float) -> None:
+        self._ms.update(ms)
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self._ms)
+
+
+@dataclass(eq=False)
+class Task:
+    lease: Lease
+    job: Job | None = None  # set once admitted (validated, seeded, checked)
+    timings: Timings = field(default_factory=Timings)
+    ready_at: float = 0.0  # time.monotonic() when admitted: the batching window starts here
+
+    @property
+    def id(self) -> str:
+        return self.lease.task_id
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Tasks of one shape (width, height, steps) can share a batch."""
+        return (self.job.width, self.job.height, self.job.steps)

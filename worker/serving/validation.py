@@ -1,0 +1,97 @@
+"""Validation of a leased task's input against the worker's limits.
+
+Runs on rank 0 before any GPU work. Every refusal names the field and what is wrong with it, and
+fails only that task (code `invalid_request`, not retryable): a retry cannot fix the input.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+
+from worker.config import LimitsConfig, describe_errors
+from worker.model.job import Job
+
+MAX_SEED = 2**63 - 1
+# How a refused input field is described to the client.
+INPUT_WORDS = {"extra_forbidden": "unknown field", "missing": "required"}
+# Task ids name stored objects, so they must be safe as a path segment on every store.
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class InvalidRequest(ValueError):
+    """A task input that this worker refuses; str(e) is the reason reported to the client."""
+
+
+class _Input(BaseModel):
+    # strict: "512" is not 512, true is not 1; extra: unknown fields are refused, not ignored.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompt: StrictStr
+    width: StrictInt | None = None
+    height: StrictInt | None = None
+    steps: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
+    output_format: StrictStr | None = None
+
+
+def validate_task(task_id: str, raw: Any, limits: LimitsConfig) -> Job:
+    if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
+        raise InvalidRequest(f"task id {task_id!r} is not a safe object name ([A-Za-z0-9._-], max 128)")
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"input must be a JSON object, got {type(raw).__name__}")
+    try:
+        req = _Input.model_validate(raw)
+    except ValidationError as e:
+        raise InvalidRequest(describe_errors(e, INPUT_WORDS, root="input")) from None
+    job = Job(
+        task_id=task_id,
+        prompt=_check_prompt(req.prompt, limits),
+        width=_check_side("width", req.width, limits.default_width, limits),
+        height=_check_side("height", req.height, limits.default_height, limits),
+        steps=_check_steps(req.steps, limits),
+        seed=req.seed,
+        output_format=_check_format(req.output_format, limits),
+    )
+    if job.width * job.height > limits.max_pixels:
+        raise InvalidRequest(f"width x height = {job.width * job.height} pixels exceeds {limits.max_pixels}")
+    return job
+
+
+def _check_prompt(prompt: str, limits: LimitsConfig) -> str:
+    if not prompt.strip():
+        raise InvalidRequest("prompt: must not be empty")
+    if len(prompt) > limits.max_prompt_chars:
+        raise InvalidRequest(f"prompt: {len(prompt)} characters, the limit is {limits.max_prompt_chars}")
+    if "\x00" in prompt:
+        raise InvalidRequest("prompt: must not contain NUL characters")
+    return prompt
+
+
+def _check_side(name: str, value: int | None, default: int, limits: LimitsConfig) -> int:
+    if value is None:
+        return default
+    # diffusers would silently round a size that is not a multiple of 16: refuse instead.
+    if value % 16:
+        raise InvalidRequest(f"{name}: {value} is not a multiple of 16")
+    if not limits.min_side <= value <= limits.max_side:
+        raise InvalidRequest(f"{name}: {value} is outside [{limits.min_side}, {limits.max_side}]")
+    return value
+
+
+def _check_steps(value: int | None, limits: LimitsConfig) -> int:
+    if value is None:
+        return limits.default_steps
+    if not 1 <= value <= limits.max_steps:
+        raise InvalidRequest(f"steps: {value} is outside [1, {limits.max_steps}]")
+    return value
+
+
+def _check_format(value: str | None, limits: LimitsConfig) -> str:
+    if value is None:
+        return limits.output_formats[0]
+    if value not in limits.output_formats:
+        raise InvalidRequest(f"output_format: {value!r} is not one of {list(limits.output_formats)}")
+    return value

@@ -1,0 +1,29 @@
+"""Where images go: a local directory (local) or Google Cloud Storage (gcs), behind one interface
+(base). `build_store` picks one from the config.
+"""
+
+from __future__ import annotations
+
+from worker.config import StoreTarget
+from worker.storage.base import (
+    Artifact,
+    ObjectConflict,
+    StorageConfigError,
+    StorageUnavailable,
+    Store,
+    StoredObject,
+)
+from worker.storage.local import LocalStore
+
+__all__ = ["Artifact", "LocalStore", "ObjectConflict", "StorageConfigError", "StorageUnavailable", "Store",
+           "StoredObject", "build_store"]
+
+
+def build_store(cfg: StoreTarget) -> Store:
+    if cfg.kind == "local":
+        return LocalStore(cfg.local.root)
+    if cfg.kind == "gcs":
+        from worker.storage.gcs import GCSStore  # google-cloud-storage only where configured
+
+        return GCSStore(cfg.gcs)
+    raise ValueError(f"storage.kind: unknown store {cfg.kind!r}")

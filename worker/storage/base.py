@@ -1,0 +1,60 @@
+"""What every store shares: the encoded result to store (Artifact), what it became (StoredObject),
+the errors a store raises, and the Store interface.
+
+Object names derive from the task id (and its submission date), so a retried task writes its own
+object again instead of leaving a second one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Protocol
+
+EXTENSIONS = {"image/png": "png", "image/webp": "webp", "image/jpeg": "jpg"}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One encoded result and what describes it."""
+
+    task_id: str
+    data: bytes
+    content_type: str
+    created_at: float  # the task's submission time (epoch s): the same on every attempt
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ext(self) -> str:
+        return EXTENSIONS[self.content_type]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    uri: str
+    bytes: int
+    sha256: str
+    url: str | None = None  # a signed URL, where the store makes them
+
+
+class StorageUnavailable(RuntimeError):
+    """The store did not answer within its retry deadline; the task should be retried later."""
+
+
+class StorageConfigError(RuntimeError):
+    """The configured location is missing or not writable: the worker must not become ready."""
+
+
+class ObjectConflict(RuntimeError):
+    """The object's name is taken by other bytes: never overwritten, never reported as success."""
+
+
+class Store(Protocol):
+    def check_writable(self) -> None:
+        """Raises with a clear message if results cannot be stored; called before 'ready'."""
+
+    def put(self, item: Artifact) -> StoredObject: ...
