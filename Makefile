@@ -19,7 +19,9 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(PY) -m launch.demo
 
+# The import contracts (pyproject.toml) first: an architecture violation fails fast, naming the rule.
 test: install
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q
 
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
