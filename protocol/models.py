@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed"]
-WorkerStatus = Literal["initializing", "ready", "occupied", "draining"]
+WorkerStatus = Literal["initializing", "ready", "draining"]
 # released: leased but never started, handed back (the attempt does not count).
 ReportStatus = Literal["processing", "succeeded", "failed", "released"]
 

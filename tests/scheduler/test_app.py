@@ -58,14 +58,14 @@ def test_full_lifecycle(server):
     assert server.post(f"/v1/tasks/{t['id']}/report", json={**rep, "status": "processing"}).json()[
         "status"] == "processing"
     hb = server.post(f"/v1/workers/{wid}/heartbeat",
-                     json={"status": "occupied", "in_flight": [t["id"]], "timestamp": time.time()})
+                     json={"status": "ready", "in_flight": [t["id"]], "timestamp": time.time()})
     assert t["id"] in hb.json()["renewed"]
     result = {"uri": "file:///x.png", "content_type": "image/png", "width": 16, "height": 16, "seed": 7,
               "bytes": 10, "sha256": "00", "timings_ms": {"generate": 1.0}}
     done = server.post(f"/v1/tasks/{t['id']}/report", json={**rep, "status": "succeeded", "result": result})
     assert done.status_code == 200 and done.json()["result"]["seed"] == 7
     workers = {w["id"]: w for w in server.get("/v1/workers").json()}
-    assert workers[wid]["status"] == "occupied" and workers[wid]["world_size"] == 2
+    assert workers[wid]["status"] == "ready" and workers[wid]["world_size"] == 2
 
 
 def test_openapi_is_served(server):

@@ -162,7 +162,7 @@ def test_processing_and_heartbeat_renew_the_lease(store, clock):
     clock.now += 8
     store.report(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing"))
     clock.now += 8
-    reply = store.heartbeat(w, Heartbeat(status="occupied", in_flight=[t.id, "gone"], timestamp=0))
+    reply = store.heartbeat(w, Heartbeat(status="ready", in_flight=[t.id, "gone"], timestamp=0))
     assert reply.renewed == {t.id: clock.now + 10} and reply.lost == ["gone"]
     clock.now += 8
     assert store.get(t.id).status == "processing"  # 24 s after the claim, lease ttl 10 s
@@ -174,7 +174,7 @@ def test_heartbeat_reports_a_lease_taken_over_as_lost(store, clock):
     store.claim(w1, 1)
     clock.now += 11
     store.claim(w2, 1)
-    assert store.heartbeat(w1, Heartbeat(status="occupied", in_flight=[t.id], timestamp=0)).lost == [t.id]
+    assert store.heartbeat(w1, Heartbeat(status="ready", in_flight=[t.id], timestamp=0)).lost == [t.id]
 
 
 def test_unknown_worker_and_task(store):
