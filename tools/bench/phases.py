@@ -102,8 +102,12 @@ def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job],
             raise RuntimeError(f"{len(failed)} task(s) failed, e.g. {failed[0]['error']}")
         seconds = max(t["finished_at"] for t in tasks) - t0
         latencies = [t["finished_at"] - t["created_at"] for t in tasks]
-        time.sleep(2.5)  # a heartbeat after the last report carries the final counters
-        counters = client.http.get("/v1/workers").json()[0]["counters"]
+        last = max(t["finished_at"] for t in tasks)
+        # A heartbeat sent after the last report carries the final counters.
+        worker_view = wait_until(lambda: next((w for w in client.http.get("/v1/workers").json()
+                                               if (w["last_heartbeat"] or 0) > last), None),
+                                 30, "a heartbeat after the last report", proc=worker)
+        counters = worker_view["counters"]
         stages = mean([per_image(t["result"]) for t in tasks])
         if counters.get("reports"):
             stages["report"] = counters["report_us_total"] / counters["reports"] / 1e3
