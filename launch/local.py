@@ -31,7 +31,7 @@ def wait_until(predicate, timeout: float, what: str, proc: "Proc | None" = None,
     Fails at once, with the end of its log, if `proc` exits meanwhile."""
     def check():
         if proc is not None and not proc.alive():
-            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) while waiting for {what}:\n"
+            raise RuntimeError(f"{' '.join(proc.args[:3])} exited ({proc.popen.returncode}) while waiting for {what}:\n"
                                f"{proc.output()[-4000:]}")
         return predicate()
 
@@ -55,7 +55,6 @@ class Proc:
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
                  cwd: Path = REPO) -> None:
         self.args = args
-        self.name = Path(args[2] if len(args) > 2 and args[1] == "-m" else args[0]).name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")

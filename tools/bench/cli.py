@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                     "dtype": cfg.model.dtype, "steps": cfg.limits.default_steps, "images": args.images,
                     "batch_size": cfg.batch.max_size, "speed": cfg.speed.model_dump(), "sizes": {}}
     for width, height in sizes:
-        jobs = phases.jobs(args.images, width, height, cfg.limits.default_steps)
+        jobs = phases.make_jobs(args.images, width, height, cfg.limits.default_steps)
         entry = report["sizes"][f"{width}x{height}"] = {}
         flops = transformer_flop(transformer_config(cfg), width, height, cfg.model.max_sequence_length,
                                  cfg.limits.default_steps)

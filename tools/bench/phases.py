@@ -130,7 +130,7 @@ def _idle_latency(client, worker, jobs: list[Job]) -> dict:
     return percentiles(latencies)
 
 
-def jobs(n: int, width: int, height: int, steps: int) -> list[Job]:
+def make_jobs(n: int, width: int, height: int, steps: int) -> list[Job]:
     return [Job(task_id=f"bench-{i}", prompt=PROMPTS[i % len(PROMPTS)] + f", variation {i}", width=width,
                 height=height, steps=steps, seed=1000 + i, output_format="png") for i in range(n)]
 
