@@ -41,7 +41,7 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
     try:
         speed.check(cfg.speed, cfg.parallel, ctx.device, ctx.world_size)  # every rank, before registering
         coordinator = Coordinator.build(cfg, ctx) if ctx.is_coordinator else None
-    except (SafetyLoadError, StorageConfigError, speed.SpeedConfigError) as e:
+    except (ConfigError, SafetyLoadError, StorageConfigError, speed.SpeedConfigError) as e:
         # Fail closed: never register, never serve unchecked or undeliverable. torchrun stops the
         # other ranks.
         log.critical("not starting: %s", e)

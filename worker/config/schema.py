@@ -19,9 +19,12 @@ class QueueConfig(Section):
     token_env: str = "DIT_WORKER_TOKEN"
     timeout_s: float = Field(10.0, gt=0)
     lease_wait_s: float = Field(10.0, ge=0, le=60, description="long-poll wait per lease call")
-    # The most one lease call asks for; the worker leases ahead only what one round can hold
-    # (batch.max_size x ranks in data-parallel mode).
+    # The most one lease call asks for.
     max_tasks: int = Field(8, ge=1, le=256)
+    # Admitted tasks a worker holds waiting for a round: enough to fill every rank and to pick
+    # batches that balance them, few enough not to hoard what other workers could run.
+    # 0: auto, two rounds (2 x batch.max_size x ranks in data mode). At least one round.
+    lease_ahead: int = Field(0, ge=0, le=1024, description="tasks held ahead of generation; 0: auto")
     heartbeat_interval_s: float = Field(30.0, gt=0)
     # How long a result report keeps retrying before the lease expiry takes over.
     report_deadline_s: float = Field(45.0, gt=0)
@@ -174,9 +177,11 @@ class StoreTarget(Section):
 
 
 class StorageConfig(StoreTarget):
-    # Checks, encoding and upload run in a pool on rank 0 while the next image generates.
-    workers: int = Field(2, ge=1, le=32)
-    max_pending: int = Field(4, ge=1, le=256, description="generated, not yet reported; then wait")
+    # Checks, encoding and upload run in a pool on rank 0 while the next round generates. Both follow
+    # the node when 0 (auto): `workers` one thread per image of a round (at least 2), `max_pending`
+    # two rounds. An explicit `max_pending` must hold at least one round.
+    workers: int = Field(0, ge=0, le=256, description="post-stage threads on rank 0; 0: auto")
+    max_pending: int = Field(0, ge=0, le=4096, description="generated, not yet reported; then wait. 0: auto")
     # Where images the image check flagged go, for review; unset: they are not kept anywhere.
     quarantine: StoreTarget | None = None
 

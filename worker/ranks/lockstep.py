@@ -1,8 +1,8 @@
 """What every rank does in step: receive a command from the coordinator, generate, agree on the outcome.
 
 The coordinator broadcasts exactly one command per serve-loop turn (Idle keeps followers' collective
-waits short while the queue is empty). A Generate carries a round of jobs; worker.ranks.sharing says
-which part each rank generates. After generating, a gather of each rank's batch to the coordinator is
+waits short while the queue is empty). A Generate carries a round: one batch of jobs per slot;
+worker.ranks.sharing says which batch each rank generates. After generating, a gather of each rank's batch to the coordinator is
 the closing barrier: it learns every image and every failure, and no rank runs ahead.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from worker.model.engine import Batch, Engine, Picture
@@ -27,7 +28,7 @@ class Idle:
 
 @dataclass(frozen=True)
 class Generate:
-    jobs: tuple[Job, ...]
+    batches: tuple[tuple[Job, ...], ...]  # one per slot; each of one shape
 
 
 @dataclass(frozen=True)
@@ -50,31 +51,29 @@ class Outcome:
     rank: int = 0  # the rank that generated it
 
 
-def generate(engine: Engine, jobs: list[Job], ctx: DistContext, mode: str = "data", group=None) -> list[Outcome]:
+def generate(engine: Engine, batches: Sequence[Sequence[Job]], ctx: DistContext, mode: str = "data",
+             group=None) -> list[Outcome]:
     """Every rank calls this with the same round. The coordinator gets one Outcome per job, in round
-    order; the other ranks get an empty list."""
+    order (batch by batch); the other ranks get an empty list."""
     t0 = time.perf_counter()
-    part = _run(engine, sharing.share(jobs, ctx.rank, ctx.world_size, mode), ctx)
+    part = _run(engine, sharing.mine(batches, ctx.rank, mode), ctx)
     t1 = time.perf_counter()
     if mode == "context":
         # Every rank holds the same images; only failures need to travel.
         errors = [e for e in all_gather(_error(part), ctx, group) if e is not None]
-        parts = [part] if ctx.is_coordinator else []
+        parts, makers = [part], [ctx.coordinator]
     else:
         parts = gather(part, ctx, group)  # the coordinator: every rank's batch; others: []
         errors = [e for e in map(_error, parts) if e is not None]
+        makers = list(range(len(batches)))
     if not ctx.is_coordinator:
         return []
     t2 = time.perf_counter()
     if errors:
-        return [Outcome(None, errors) for _ in jobs]
+        return [Outcome(None, errors) for batch in batches for _ in batch]
     round_ms = {"gather": (t2 - t1) * 1e3, "generate": (t2 - t0) * 1e3}
-    out: list[Outcome | None] = [None] * len(jobs)
-    for rank, batch in enumerate(parts):
-        for slot, picture in zip(sharing.slots(len(jobs), rank, ctx.world_size, mode), batch.pictures):
-            out[slot] = Outcome(picture, [], {**batch.timings, **round_ms}, len(batch.pictures),
-                                rank if mode == "data" else ctx.coordinator)
-    return out
+    return [Outcome(picture, [], {**made.timings, **round_ms}, len(made.pictures), rank)
+            for rank, made in zip(makers, parts) for picture in made.pictures]
 
 
 def _run(engine: Engine, jobs: list[Job], ctx: DistContext) -> Batch | str:
@@ -99,7 +98,7 @@ def follow(engine: Engine, ctx: DistContext, mode: str = "data") -> str:
         if isinstance(cmd, Shutdown):
             return cmd.reason
         if isinstance(cmd, Generate):
-            generate(engine, list(cmd.jobs), ctx, mode)
+            generate(engine, cmd.batches, ctx, mode)
 
 
 def warm_up(engine: Engine, sizes: tuple[tuple[int, int], ...], batch_sizes: range, prompt: str, steps: int,
@@ -108,11 +107,12 @@ def warm_up(engine: Engine, sizes: tuple[tuple[int, int], ...], batch_sizes: ran
     so compiled graphs exist for each shape a request can bring."""
     for width, height in sizes:
         for n in batch_sizes:
-            # Each rank generates n images: a full share in data mode, the whole round in context mode.
-            jobs = [Job(task_id=f"warmup-{i}", prompt=prompt, width=width, height=height, steps=steps, seed=i,
-                        output_format="png") for i in range(sharing.capacity(n, ctx.world_size, mode))]
+            # Each rank generates a batch of n images: its own in data mode, the same one in context mode.
+            batches = [[Job(task_id=f"warmup-{s}-{i}", prompt=prompt, width=width, height=height, steps=steps,
+                            seed=i, output_format="png") for i in range(n)]
+                       for s in range(sharing.slots(ctx.world_size, mode))]
             t0 = time.perf_counter()
-            outs = generate(engine, jobs, ctx, mode, group=None)  # default group: the generous load timeout
+            outs = generate(engine, batches, ctx, mode, group=None)  # default group: the generous load timeout
             if outs and outs[0].errors:
                 raise RuntimeError(f"warm-up at {width}x{height}, batch {n} failed: {'; '.join(outs[0].errors)}")
             log.info("warm-up %dx%d batch %d: %.2fs", width, height, n, time.perf_counter() - t0)

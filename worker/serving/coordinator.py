@@ -2,7 +2,7 @@
 round of admitted tasks, broadcast it, generate in lockstep, hand the images to the post stage.
 
     [intake thread: lease -> admission (validate, text check, report processing)]   intake, admission
-      -> take a round of one shape -> broadcast -> generate (all ranks)               ranks.lockstep
+      -> take a round: one batch per rank -> broadcast -> generate (all ranks)        rounds, ranks.lockstep
       -> [post pool: quality check -> image check -> encode -> store]                 post
       -> report results in lease order                                                reporter
 
@@ -24,7 +24,7 @@ from safety.guard import Guard
 from worker.config import WorkerConfig
 from worker.model.engine import Engine, peak_memory_mb
 from worker.model.parallel import context_parallel
-from worker.ranks import lockstep, sharing
+from worker.ranks import lockstep
 from worker.ranks.distributed import DistContext, broadcast
 from worker.serving.admission import Admission
 from worker.serving.heartbeat import WorkerState
@@ -32,8 +32,10 @@ from worker.serving.intake import Intake
 from worker.serving.leasing import Leaser
 from worker.serving.post import PostStage
 from worker.serving.queue_client import QueueClient
+from worker.serving import sizing
 from worker.serving.registration import Registration
 from worker.serving.reporter import Reporter
+from worker.serving.sizing import Sizes
 from worker.serving.task import Task
 from worker.storage import build_store
 
@@ -45,16 +47,15 @@ class Unhealthy(RuntimeError):
 
 
 class Coordinator:
-    def __init__(self, cfg: WorkerConfig, ctx: DistContext, client: QueueClient, guard: Guard,
+    def __init__(self, cfg: WorkerConfig, ctx: DistContext, sizes: Sizes, client: QueueClient, guard: Guard,
                  post: PostStage, state: WorkerState) -> None:
         self.ctx = ctx
         self.guard = guard
         self.state = state
         self.post = post
-        self._batch = cfg.batch
+        self.sizes = sizes
+        self._window_s = cfg.batch.window_s
         self._mode = cfg.parallel.mode
-        self._max_pending = cfg.storage.max_pending
-        self._capacity = sharing.capacity(cfg.batch.max_size, ctx.world_size, cfg.parallel.mode)
         # Rank 0 never makes followers wait longer than this without a command.
         self._keepalive_s = cfg.distributed.serve_timeout_s / 4
         self._release_wait_s = cfg.queue.lease_wait_s + cfg.queue.timeout_s
@@ -68,12 +69,17 @@ class Coordinator:
                               context_ranks=ctx.world_size if context else 0,
                               text_tokens=cfg.model.max_sequence_length)
         leaser = Leaser(client, self.registration, self.state, cfg.queue, self._stop)
-        self.intake = Intake(leaser, admission, target=self._capacity)
+        self.intake = Intake(leaser, admission, target=sizes.lease_ahead)
+        # Visible in GET /v1/workers: how much this worker may hold.
+        state.set_counter("lease_ahead", sizes.lease_ahead)
+        state.set_counter("max_pending", sizes.max_pending)
 
     @classmethod
     def build(cls, cfg: WorkerConfig, ctx: DistContext) -> "Coordinator":
-        """Everything rank 0 needs, checked before the worker registers: a store it can write to, a
-        quarantine apart from it, safety checks that load and pass their self-test."""
+        """Everything rank 0 needs, checked before the worker registers: sizes that fit the group, a
+        store it can write to, a quarantine apart from it, safety checks that load and pass their
+        self-test. Raises ConfigError naming the field when the config cannot work on this group."""
+        sizes = sizing.size(cfg, ctx.world_size)
         store = build_store(cfg.storage)
         store.check_writable()  # before loading a model we could not deliver from
         quarantine = build_store(cfg.storage.quarantine) if cfg.storage.quarantine else None
@@ -84,8 +90,11 @@ class Coordinator:
         state = WorkerState(warnings=guard.warnings)
         gcs = cfg.storage.gcs
         post = PostStage(guard, store, quarantine, state, cfg.encode, cfg.model.name,
-                         include_prompt=bool(gcs and gcs.include_prompt), workers=cfg.storage.workers)
-        return cls(cfg, ctx, QueueClient(cfg.queue, token), guard, post, state)
+                         include_prompt=bool(gcs and gcs.include_prompt), workers=sizes.post_workers)
+        log.info("round %d image(s) (%d slot(s) x batch %d); lease ahead %d; post pool %d thread(s), "
+                 "at most %d unreported", sizes.round, sizes.slots, sizes.per_slot, sizes.lease_ahead,
+                 sizes.post_workers, sizes.max_pending)
+        return cls(cfg, ctx, sizes, QueueClient(cfg.queue, token), guard, post, state)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -122,27 +131,33 @@ class Coordinator:
     # ------------------------------------------------------------ one turn
 
     def _turn(self, engine: Engine) -> None:
-        self.reporter.settle(self._max_pending - self._capacity, self._keepalive, self._keepalive_s)
-        round_ = self.intake.take(self._capacity, self._batch.window_s, wait_s=self._keepalive_s)
-        if not round_:
+        # Room for this round in the post stage: at most max_pending unreported once it is handed over.
+        t0 = time.perf_counter()
+        self.reporter.settle(self.sizes.max_pending - self.sizes.round, self._keepalive, self._keepalive_s)
+        settle_ms = (time.perf_counter() - t0) * 1e3
+        batches = self.intake.take(self.sizes.slots, self.sizes.per_slot, self._window_s, wait_s=self._keepalive_s)
+        if not batches:
             self._keepalive()
             return
-        for task, out in zip(round_, self._generate(engine, round_)):
+        round_ = [task for batch in batches for task in batch]
+        for task, out in zip(round_, self._generate(engine, batches)):
             if out.errors:
                 self.reporter.fail(task, ErrorCode.GENERATION_FAILED, "; ".join(out.errors), retryable=True)
                 continue
-            task.timings.record(**out.timings)
+            task.timings.record(settle=settle_ms, **out.timings)
             post = self.post.submit(task, out)
             post.add_done_callback(lambda _: self.intake.nudge())  # report it without waiting for work
             self.reporter.track(task, post)
+        self.state.raise_counter("unreported_max", self.reporter.pending)
 
-    def _generate(self, engine: Engine, round_: list[Task]) -> list[lockstep.Outcome]:
-        jobs = [t.job for t in round_]
+    def _generate(self, engine: Engine, batches: list[list[Task]]) -> list[lockstep.Outcome]:
+        jobs = tuple(tuple(t.job for t in batch) for batch in batches)
         t0 = time.perf_counter()
-        broadcast(lockstep.Generate(tuple(jobs)), self.ctx)
+        broadcast(lockstep.Generate(jobs), self.ctx)
         sent_ms = (time.perf_counter() - t0) * 1e3
-        for task in round_:
-            task.timings.record(broadcast=sent_ms)
+        for batch in batches:
+            for task in batch:
+                task.timings.record(broadcast=sent_ms)
         outs = lockstep.generate(engine, jobs, self.ctx, self._mode)
         self.state.set_counter("images_generated", engine.generations)
         self.state.set_counter("peak_memory_mb", peak_memory_mb(self.ctx.device))

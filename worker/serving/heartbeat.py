@@ -58,6 +58,11 @@ class WorkerState:
         with self._lock:
             self._counters[name] = value
 
+    def raise_counter(self, name: str, value: int) -> None:
+        """Keeps the largest value seen (a high-water mark)."""
+        with self._lock:
+            self._counters[name] = max(self._counters.get(name, 0), value)
+
     def snapshot(self) -> Heartbeat:
         with self._lock:
             return Heartbeat(status=self._status, in_flight=sorted(self._in_flight), timestamp=time.time(),

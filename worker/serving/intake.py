@@ -1,9 +1,10 @@
 """Rank 0's lease-ahead: a thread that leases and admits (validates, text-checks) the next tasks
 while the current round generates, so the GPU never waits on the queue or the text check.
 
-It keeps at most `target` admitted tasks ready (one round's worth). The serve loop takes rounds of
-tasks of one shape (same size and steps) in lease order: up to `capacity`, waiting at most
-`window_s` from the moment the first of them was ready for more to arrive (batching).
+It keeps at most `target` admitted tasks ready: the lease-ahead cap, enough to fill a round and to
+choose among (a worker must not hoard tasks other workers could run). The serve loop takes rounds
+planned by worker.serving.rounds, waiting at most `window_s` from the moment the oldest ready task
+was admitted for more to arrive, unless the round is already full (batching).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Protocol
 
 from protocol import Lease
+from worker.serving import rounds
 from worker.serving.task import Task
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ class Gate(Protocol):
 
 class Intake:
     def __init__(self, leases: Leases, gate: Gate, target: int) -> None:
+        """`target`: the lease-ahead cap, the most admitted tasks held waiting for a round."""
         self._leases = leases
         self._gate = gate
         self._target = target
@@ -68,8 +71,9 @@ class Intake:
             left, self._ready = self._ready, []
         return left
 
-    def take(self, capacity: int, window_s: float, wait_s: float) -> list[Task]:
-        """The next round, or [] if nothing was ready within `wait_s` or nudge() was called."""
+    def take(self, slots: int, per_slot: int, window_s: float, wait_s: float) -> list[list[Task]]:
+        """The next round (one batch per slot), or [] if nothing was ready within `wait_s` or nudge()
+        was called."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while not self._ready:
@@ -79,19 +83,19 @@ class Intake:
                     self._nudged = False
                     return []
                 self._cond.wait(left)
-            shape = self._ready[0].shape
             until = self._ready[0].ready_at + window_s
-            # Batching window: a partial round waits for more of its shape, unless draining.
-            while (sum(t.shape == shape for t in self._ready) < capacity and not self._stop.is_set()
-                   and (left := until - time.monotonic()) > 0):
+            # Batching window: a round that is not full waits for more tasks, unless draining.
+            while (not rounds.full(batches := rounds.plan(self._ready, slots, per_slot), slots, per_slot)
+                   and not self._stop.is_set() and (left := until - time.monotonic()) > 0):
                 self._cond.wait(left)
-            picked = [t for t in self._ready if t.shape == shape][:capacity]
-            self._ready = [t for t in self._ready if t not in picked]
+            taken = {id(t) for batch in batches for t in batch}
+            self._ready = [t for t in self._ready if id(t) not in taken]
             self._cond.notify_all()
         now = time.monotonic()
-        for task in picked:
-            task.timings.record(wait=(now - task.ready_at) * 1e3)
-        return picked
+        for batch in batches:
+            for task in batch:
+                task.timings.record(wait=(now - task.ready_at) * 1e3)
+        return batches
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -6,7 +6,7 @@ from worker.ranks.distributed import DistContext
 from worker.model.engine import Batch, Picture
 from worker.ranks.lockstep import generate
 from worker.model.parallel import sequence_fits
-from worker.ranks.sharing import capacity, share, slots
+from worker.ranks.sharing import capacity, mine, slots
 from worker.model.job import Job
 
 JOB = Job(task_id="t", prompt="p", width=64, height=64, steps=1, seed=3, output_format="png")
@@ -30,7 +30,7 @@ def test_single_process_group(ctx: DistContext):
 
 
 def test_success_returns_the_image(ctx):
-    [out] = generate(FakeEngine(), [JOB], ctx)
+    [out] = generate(FakeEngine(), [[JOB]], ctx)
     assert out.errors == [] and out.picture.pixels.shape == (64, 64, 3)
     assert out.timings["denoise"] == 1.0 and {"gather", "generate"} <= set(out.timings) and out.batch_size == 1
 
@@ -38,23 +38,21 @@ def test_success_returns_the_image(ctx):
 def test_a_round_gives_one_outcome_per_job_in_order(ctx):
     jobs = [JOB.model_copy(update={"task_id": f"t{i}", "seed": i}) for i in range(3)]
     engine = FakeEngine()
-    outs = generate(engine, jobs, ctx)
+    outs = generate(engine, [jobs], ctx)
     assert [int(o.picture.pixels[0, 0, 0]) for o in outs] == [0, 1, 2]
     assert engine.batches == [3] and {o.batch_size for o in outs} == {3}
 
 
 def test_a_failing_rank_is_reported_not_raised(ctx):
-    [out] = generate(FakeEngine(RuntimeError("CUDA out of memory")), [JOB], ctx)
+    [out] = generate(FakeEngine(RuntimeError("CUDA out of memory")), [[JOB]], ctx)
     assert out.picture is None and out.errors == ["rank 0: RuntimeError: CUDA out of memory"]
 
 
-def test_data_parallel_shares_interleave_and_cover_the_round():
-    jobs = list(range(7))
-    parts = [share(jobs, r, 3, "data") for r in range(3)]
-    assert parts == [[0, 3, 6], [1, 4], [2, 5]]
-    assert share(jobs, 1, 3, "context") == jobs
-    # slots is share's inverse: where each rank's images go back in the round
-    assert [list(slots(7, r, 3, "data")) for r in range(3)] == parts
+def test_each_rank_makes_its_own_batch_in_data_mode_and_all_make_one_in_context_mode():
+    batches = [["a", "b"], ["c"]]
+    assert [mine(batches, r, "data") for r in range(3)] == [["a", "b"], ["c"], []]  # rank 2 idles
+    assert [mine(batches[:1], r, "context") for r in range(3)] == [["a", "b"]] * 3
+    assert slots(3, "data") == 3 and slots(3, "context") == 1
     assert capacity(4, 2, "data") == 8 and capacity(4, 2, "context") == 4
 
 

@@ -1,4 +1,4 @@
-"""The lease-ahead intake: rounds of one shape in lease order, the batching window, the bound on how
+"""The lease-ahead intake: rounds planned from what is ready (worker.serving.rounds), the batching window, the bound on how
 far it leases ahead. The fake queue tells the tests, through events, when the intake has asked it
 again (so everything before is admitted); no test sleeps on the wall clock to let a thread run."""
 
@@ -66,22 +66,37 @@ def started(queue: FakeQueue, target: int) -> Intake:
 
 
 def ids(round_) -> list[str]:
-    return [t.id for t in round_]
+    return [t.id for batch in round_ for t in batch]
+
+
+def take(intake: Intake, capacity: int, window_s: float = 0, wait_s: float = 1, slots: int = 1):
+    """A round of one slot holding up to `capacity` tasks of one shape (one rank, batch capacity)."""
+    return intake.take(slots, capacity, window_s, wait_s)
 
 
 def test_rounds_group_one_shape_in_lease_order():
     queue = FakeQueue([("a", 64), ("b", 128), ("c", 64), ("d", 64), ("e", 128)])
     intake = started(queue, target=6)
     queue.wait_asked(2)  # the second call comes after the first five were admitted
-    assert ids(intake.take(capacity=2, window_s=0, wait_s=1)) == ["a", "c"]
-    assert ids(intake.take(capacity=2, window_s=0, wait_s=1)) == ["b", "e"]
-    assert ids(intake.take(capacity=2, window_s=0, wait_s=1)) == ["d"]
+    assert ids(take(intake, 2, 0, 1)) == ["a", "c"]
+    assert ids(take(intake, 2, 0, 1)) == ["b", "e"]
+    assert ids(take(intake, 2, 0, 1)) == ["d"]
+    intake.close(1)
+
+
+def test_each_rank_of_a_round_takes_its_own_shape():
+    queue = FakeQueue([("a", 64), ("b", 128), ("c", 64), ("d", 192)])
+    intake = started(queue, target=5)
+    queue.wait_asked(2)
+    # Two ranks, one image each: the oldest (a), then the one of its cost (c) rather than a bigger one.
+    assert [ids([b]) for b in intake.take(2, 1, 0, 1)] == [["a"], ["c"]]
+    assert [ids([b]) for b in intake.take(2, 1, 0, 1)] == [["b"], ["d"]]
     intake.close(1)
 
 
 def test_refused_tasks_never_reach_a_round():
     intake = started(FakeQueue([("bad-1", 64), ("a", 64)]), target=4)
-    assert ids(intake.take(capacity=4, window_s=0.3, wait_s=1)) == ["a"]
+    assert ids(take(intake, 4, 0.3, 1)) == ["a"]
     intake.close(1)
 
 
@@ -90,11 +105,11 @@ def test_a_partial_round_waits_for_the_window_then_starts():
     intake = started(queue, target=4)
     threading.Timer(0.1, queue.add, [[("b", 64), ("c", 64)]]).start()
     t0 = time.monotonic()
-    first = intake.take(capacity=4, window_s=0.5, wait_s=2)
+    first = take(intake, 4, 0.5, 2)
     waited = time.monotonic() - t0
     # b and c arrive within the window, a fourth never does: the round starts when the window ends.
     assert ids(first) == ["a", "b", "c"] and 0.4 <= waited < 1.5
-    timings = first[0].timings.as_dict()
+    timings = first[0][0].timings.as_dict()
     assert timings["wait"] >= 400 and "lease" in timings
     intake.close(1)
 
@@ -104,7 +119,7 @@ def test_a_full_round_does_not_wait_for_the_window():
     intake = started(queue, target=3)
     queue.wait_asked(2)
     t0 = time.monotonic()
-    assert ids(intake.take(capacity=2, window_s=5, wait_s=1)) == ["a", "b"]
+    assert ids(take(intake, 2, 5, 1)) == ["a", "b"]
     assert time.monotonic() - t0 < 1
     intake.close(1)
 
@@ -116,7 +131,7 @@ def test_leases_ahead_only_what_one_round_holds():
     with intake._cond:  # three held, nothing more leased until some are taken
         assert intake._cond.wait_for(lambda: len(intake._ready) == 3, 5)
     assert queue.asked == [3] and len(queue.tasks) == 7
-    assert len(intake.take(capacity=2, window_s=0, wait_s=1)) == 2
+    assert len(ids(take(intake, 2, 0, 1))) == 2
     queue.wait_asked(2)
     assert queue.asked[1] == 2 and all(n <= 3 for n in queue.asked)
     intake.close(1)
@@ -125,11 +140,11 @@ def test_leases_ahead_only_what_one_round_holds():
 def test_take_returns_empty_after_its_wait_or_a_nudge():
     intake = started(FakeQueue([]), target=2)
     t0 = time.monotonic()
-    assert intake.take(capacity=2, window_s=0, wait_s=0.3) == []
+    assert take(intake, 2, 0, 0.3) == []
     assert time.monotonic() - t0 >= 0.3
     threading.Timer(0.1, intake.nudge).start()
     t0 = time.monotonic()
-    assert intake.take(capacity=2, window_s=0, wait_s=10) == []
+    assert take(intake, 2, 0, 10) == []
     assert time.monotonic() - t0 < 2
     intake.close(1)
 
@@ -142,12 +157,12 @@ def test_a_failing_lease_thread_surfaces_in_the_serve_loop():
     intake = Intake(Refused(), FakeQueue([]), target=2)
     intake.start()
     with pytest.raises(PermissionError):
-        intake.take(capacity=2, window_s=0, wait_s=2)
+        take(intake, 2, 0, 2)
 
 
 def test_close_hands_back_what_was_ready_and_drains():
     queue = FakeQueue([("a", 64), ("b", 64)])
     intake = started(queue, target=3)
     queue.wait_asked(2)
-    assert sorted(ids(intake.close(1))) == ["a", "b"]
+    assert sorted(t.id for t in intake.close(1)) == ["a", "b"]
     assert intake.drained()
