@@ -12,6 +12,10 @@ per-stage breakdown, peak memory, and achieved TFLOP/s against the transformer's
 the ratios between them. `--sweep` adds the images/min of the optimised pipeline with each speed
 switch added one at a time. Writes bench.json and bench.png to --out.
 
+`--mixed` measures the worker phase alone on mixed traffic (sizes cycling 256x256, 384x256, 512x512
+unless --size is given) with 1 rank and with --nproc ranks (default 2), one after the other in one
+run: images/min, the ratio, and each rank's share of the images.
+
 `--random-weights` builds the full-size FLUX.1-schnell architecture with random weights (no
 download; speed does not depend on the values), and random base-size safety models.
 """
@@ -59,6 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="store_true", help="images/min per speed switch, added one at a time")
     p.add_argument("--attention", default="", help="attention backend for the sweep, e.g. _native_cudnn")
     p.add_argument("--phases", default="baseline,optimised,worker")
+    p.add_argument("--mixed", action="store_true", help="the worker on mixed sizes, 1 rank against --nproc ranks")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
 
@@ -84,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         overrides += [f"model.random_arch={args.random_weights}", *_random_safety(args.out / "models")]
     cfg = load_config(args.config, overrides)
     device = pick_device(cfg.model.device, local_rank=0)
+    if args.mixed:
+        return mixed(args, overrides, cfg, device)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.size] or list(cfg.warmup.sizes)
     wanted = args.phases.split(",")
     report: dict = {"device": _describe(device), "config": args.config, "overrides": overrides,
@@ -109,6 +116,32 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "bench.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "bench.png")
     print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
+    return 0
+
+
+MIXED_SIZES = [(256, 256), (384, 256), (512, 512)]
+
+
+def mixed(args, overrides: list[str], cfg, device: torch.device) -> int:
+    """The full worker on mixed traffic, 1 rank then N ranks, side by side in one run."""
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.size] or MIXED_SIZES
+    jobs = phases.mixed_jobs(args.images, sizes, cfg.limits.default_steps)
+    nproc = args.nproc if args.nproc > 1 else 2
+    report: dict = {"device": _describe(device), "config": args.config, "overrides": overrides, "mixed": True,
+                    "sizes": [f"{w}x{h}" for w, h in sizes], "images": args.images, "runs": {}}
+    # Every size a request brings is warmed up, as a deployment would configure it.
+    warm = [f"warmup.sizes={[list(s) for s in sizes]}"]
+    for n in (1, nproc):
+        run = phases.full_worker(args, overrides + warm, jobs, args.out / f"mixed-{n}", nproc=n, idle_latency=False)
+        report["runs"][str(n)] = run
+        share = ", ".join(f"rank {r} {c / run['images']:.0%}" for r, c in enumerate(run["images_per_rank"]))
+        print(f"  {n} rank(s): {run['images_per_min']:8.1f} images/min  p50 {run['latency_ms']['p50']:8.1f} ms"
+              f"  ({share})")
+    one, many = report["runs"]["1"]["images_per_min"], report["runs"][str(nproc)]["images_per_min"]
+    report["ratio"] = round(many / one, 3)
+    print(f"  {nproc} ranks / 1 rank: {report['ratio']:.2f}x on sizes {', '.join(report['sizes'])}")
+    (args.out / "bench.json").write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out / 'bench.json'}")
     return 0
 
 

@@ -78,8 +78,10 @@ def bare_optimised(cfg: WorkerConfig, jobs: list[Job], device: torch.device) -> 
     return result
 
 
-def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job], workdir: Path) -> dict:
+def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job], workdir: Path,
+                nproc: int | None = None, idle_latency: bool = True) -> dict:
     """The worker as deployed: torchrun ranks, the reference scheduler, checks, a local store."""
+    nproc = nproc or args.nproc
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -87,8 +89,8 @@ def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job],
     worker = None
     try:
         # The ranks share this machine's threads as the bare phases had them, so the comparison is fair.
-        threads = str(max(1, torch.get_num_threads() // args.nproc))
-        worker = start_worker(Path(args.config), args.nproc, workdir / "worker.log", [
+        threads = str(max(1, torch.get_num_threads() // nproc))
+        worker = start_worker(Path(args.config), nproc, workdir / "worker.log", [
             *overrides, f"queue.url={url}", "queue.heartbeat_interval_s=1.0", "storage.kind=local",
             f"storage.local.root={workdir / 'images'}"], env={"OMP_NUM_THREADS": threads})
         client = Client(url)
@@ -112,7 +114,11 @@ def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job],
         if counters.get("reports"):
             stages["report"] = counters["report_us_total"] / counters["reports"] / 1e3
         result = phase(len(jobs), seconds, latencies, stages, counters.get("peak_memory_mb", 0))
-        result["idle_latency_ms"] = _idle_latency(client, worker, jobs[:min(5, len(jobs))])
+        result["ranks"] = nproc
+        result["images_per_rank"] = [sum(t["result"]["rank"] == r for t in tasks) for r in range(nproc)]
+        result["unreported_max"] = counters.get("unreported_max", 0)
+        if idle_latency:
+            result["idle_latency_ms"] = _idle_latency(client, worker, jobs[:min(5, len(jobs))])
         return result
     finally:
         if worker is not None:
@@ -131,8 +137,14 @@ def _idle_latency(client, worker, jobs: list[Job]) -> dict:
 
 
 def make_jobs(n: int, width: int, height: int, steps: int) -> list[Job]:
-    return [Job(task_id=f"bench-{i}", prompt=PROMPTS[i % len(PROMPTS)] + f", variation {i}", width=width,
-                height=height, steps=steps, seed=1000 + i, output_format="png") for i in range(n)]
+    return mixed_jobs(n, [(width, height)], steps)
+
+
+def mixed_jobs(n: int, sizes: list[tuple[int, int]], steps: int) -> list[Job]:
+    """n jobs whose sizes cycle through `sizes`, in submission order."""
+    return [Job(task_id=f"bench-{i}", prompt=PROMPTS[i % len(PROMPTS)] + f", variation {i}",
+                width=sizes[i % len(sizes)][0], height=sizes[i % len(sizes)][1], steps=steps, seed=1000 + i,
+                output_format="png") for i in range(n)]
 
 
 def _input(job: Job) -> dict:
