@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def default_seed(task_id: str) -> int:
     """The seed of a task that names none: derived from the task id, so every attempt of a task
-    draws the same image and a late attempt overwriting the object writes the same bytes.
+    draws the same image (up to kernel rounding, which varies with batch size and threads).
     32 bits fit every common RNG; clients may send seeds up to 2**63 - 1."""
     return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:4], "big")
 

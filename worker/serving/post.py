@@ -25,7 +25,7 @@ from worker.ranks.lockstep import Outcome
 from worker.serving.heartbeat import WorkerState
 from worker.serving.reporter import Settled, failure
 from worker.serving.task import Task
-from worker.storage import Artifact, ObjectConflict, StorageUnavailable, Store
+from worker.storage import Artifact, ObjectConflict, StorageUnavailable, Store, UploadCorrupted
 from worker.storage.encode import encode_image
 
 log = logging.getLogger(__name__)
@@ -102,11 +102,14 @@ class PostStage:
                                                self._metadata(job)))
         except StorageUnavailable as e:
             return failure(ErrorCode.STORAGE_UNAVAILABLE, str(e), retryable=True)
-        except ObjectConflict as e:  # other bytes under this task's name: a retry cannot fix it
+        except ObjectConflict as e:  # another task's object under this task's name: a retry cannot fix it
             return failure(ErrorCode.STORAGE_CONFLICT, str(e), retryable=False)
+        except UploadCorrupted as e:
+            return failure(ErrorCode.STORAGE_FAILED, str(e), retryable=True)
         except Exception as e:
             log.exception("task %s: storing failed", job.task_id)
             return failure(ErrorCode.STORAGE_FAILED, f"{type(e).__name__}: {e}", retryable=True)
+        # The stored object's size and hash: an earlier attempt's, when it stored the object first.
         return TaskResult(uri=obj.uri, url=obj.url, content_type=content_type, width=job.width,
                           height=job.height, seed=job.seed, bytes=obj.bytes, sha256=obj.sha256,
                           timings_ms=task.timings.as_dict(), batch_size=out.batch_size, rank=out.rank)

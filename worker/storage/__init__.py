@@ -12,11 +12,12 @@ from worker.storage.base import (
     StorageUnavailable,
     Store,
     StoredObject,
+    UploadCorrupted,
 )
 from worker.storage.local import LocalStore
 
 __all__ = ["Artifact", "LocalStore", "ObjectConflict", "StorageConfigError", "StorageUnavailable", "Store",
-           "StoredObject", "build_store"]
+           "StoredObject", "UploadCorrupted", "build_store"]
 
 
 def build_store(cfg: StoreTarget) -> Store:

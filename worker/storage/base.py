@@ -1,8 +1,10 @@
 """What every store shares: the encoded result to store (Artifact), what it became (StoredObject),
 the errors a store raises, and the Store interface.
 
-Object names derive from the task id (and its submission date), so a retried task writes its own
-object again instead of leaving a second one.
+Object names derive from the task id (and its submission date), and a store creates an object once,
+never overwriting it: an attempt that finds its task's object already stored takes that object as
+its result (it passed the checks when it was stored), so a retry can neither leave a second object
+nor fail for good because its bytes differ.
 """
 
 from __future__ import annotations
@@ -50,11 +52,17 @@ class StorageConfigError(RuntimeError):
 
 
 class ObjectConflict(RuntimeError):
-    """The object's name is taken by other bytes: never overwritten, never reported as success."""
+    """The object's name is taken by an object of another task: never overwritten, never reported as
+    success."""
+
+
+class UploadCorrupted(RuntimeError):
+    """The store holds other bytes than were sent; the object was removed, a retry may succeed."""
 
 
 class Store(Protocol):
     def check_writable(self) -> None:
         """Raises with a clear message if results cannot be stored; called before 'ready'."""
 
-    def put(self, item: Artifact) -> StoredObject: ...
+    def put(self, item: Artifact) -> StoredObject:
+        """Creates the task's object, or returns the one an earlier attempt of the task stored."""

@@ -1,9 +1,13 @@
 """Results in Google Cloud Storage, written once per task and verified.
 
-- Idempotent: every upload has `if_generation_match=0` (create, never overwrite). A 412 means the
-  object exists: if it holds the same bytes (same sha256 in its metadata, same MD5) a retried task
-  succeeded before, and that counts as success; different bytes are an error, never overwritten.
-- Verified: success only with the MD5 that GCS computed matching the bytes sent.
+- Once per task: every upload has `if_generation_match=0` (create, never overwrite). A 412 means an
+  earlier attempt of this task stored its object, which passed the checks when it was stored: that
+  object is the result, whatever bytes this attempt made (kernels differ with batch size, rank count
+  and thread count, so attempts need not be byte-identical). An object of another task under the
+  name is a conflict, never overwritten.
+- Verified: the upload carries its MD5, so GCS refuses a corrupt upload itself; success also needs
+  the MD5 that GCS reports to match the bytes sent. A stored object that does not match is deleted
+  and the task fails retryable.
 - Retried with exponential backoff and full jitter on timeouts, connection errors, 429 and 5xx,
   within `deadline_s`; after that StorageUnavailable (the task fails retryable).
 - Credentials: a service-account key file, else Application Default Credentials. With
@@ -25,7 +29,14 @@ from google.auth import exceptions as auth_exceptions
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from worker.config import GCSConfig
-from worker.storage.base import Artifact, ObjectConflict, StorageConfigError, StorageUnavailable, StoredObject
+from worker.storage.base import (
+    Artifact,
+    ObjectConflict,
+    StorageConfigError,
+    StorageUnavailable,
+    StoredObject,
+    UploadCorrupted,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,25 +95,41 @@ class GCSStore:
         blob.cache_control = self.cfg.cache_control
         blob.metadata = {**item.metadata, "sha256": item.sha256}
         try:
+            # checksum="md5": the request carries the MD5 and GCS refuses bytes that do not match it.
             self._retrying(lambda: blob.upload_from_string(
                 item.data, content_type=item.content_type, if_generation_match=0,
-                timeout=self.cfg.timeout_s, retry=None))
-            stored_md5 = blob.md5_hash
+                timeout=self.cfg.timeout_s, retry=None, checksum="md5"))
         except gx.PreconditionFailed:
-            stored_md5 = self._existing_md5(name, item)  # an earlier attempt stored it
-        if stored_md5 != md5:
-            raise ObjectConflict(f"gs://{self.cfg.bucket}/{name}: stored MD5 {stored_md5} is not {md5}")
+            return self._earlier_attempt(name, item)
+        if blob.md5_hash != md5:
+            self._delete_corrupt(blob)
+            raise UploadCorrupted(f"gs://{self.cfg.bucket}/{name}: stored MD5 {blob.md5_hash} is not {md5}; "
+                                  "the object was deleted")
         return StoredObject(uri=f"gs://{self.cfg.bucket}/{name}", bytes=len(item.data), sha256=item.sha256,
                             url=self._sign(blob))
 
-    def _existing_md5(self, name: str, item: Artifact) -> str | None:
+    def _earlier_attempt(self, name: str, item: Artifact) -> StoredObject:
+        """The object an earlier attempt of this task stored: the task's result."""
         existing = self._retrying(lambda: self._bucket.get_blob(name, timeout=self.cfg.timeout_s, retry=None))
         if existing is None:  # deleted between our 412 and this read: do not guess, retry the task
             raise StorageUnavailable(f"gs://{self.cfg.bucket}/{name} vanished after a 412")
-        if (existing.metadata or {}).get("sha256") != item.sha256:
-            raise ObjectConflict(f"gs://{self.cfg.bucket}/{name} already holds other bytes; not overwritten")
-        log.info("task %s: object already stored by an earlier attempt", item.task_id)
-        return existing.md5_hash
+        meta = existing.metadata or {}
+        if meta.get("task_id") != item.task_id or "sha256" not in meta:
+            raise ObjectConflict(f"gs://{self.cfg.bucket}/{name} holds an object this task did not store "
+                                 f"(task_id {meta.get('task_id')!r}); not overwritten")
+        log.info("task %s: an earlier attempt stored gs://%s/%s; it is the result", item.task_id,
+                 self.cfg.bucket, name)
+        return StoredObject(uri=f"gs://{self.cfg.bucket}/{name}", bytes=existing.size, sha256=meta["sha256"],
+                            url=self._sign(existing))
+
+    def _delete_corrupt(self, blob) -> None:
+        """Best effort, and only the generation this upload made; a failure is logged, and the retry's
+        412 then finds an object whose sha256 metadata describes bytes it does not hold."""
+        try:
+            self._retrying(lambda: blob.delete(if_generation_match=blob.generation, timeout=self.cfg.timeout_s,
+                                               retry=None))
+        except Exception:
+            log.exception("could not delete the corrupt object %s", blob.name)
 
     def _sign(self, blob) -> str | None:
         if self._signer is None:

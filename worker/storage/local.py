@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import tempfile
 from pathlib import Path
 
 from worker.storage.base import EXTENSIONS, Artifact, StoredObject
 
+log = logging.getLogger(__name__)
+
 
 class LocalStore:
-    """Objects named after the task id. Writes are atomic: temp file + rename."""
+    """Objects named after the task id, created once: the bytes go to a temp file that is then
+    hard-linked to the object's name, which fails if the name exists (atomic on POSIX). An existing
+    object is an earlier attempt's result and is returned as such."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
@@ -31,8 +37,15 @@ class LocalStore:
                 f.write(item.data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)  # atomic: readers see the old object or the whole new one
-        except BaseException:
+            os.link(tmp, path)  # readers see no object or the whole one; never replaced
+        except FileExistsError:
+            return self._earlier_attempt(path, item)
+        finally:
             Path(tmp).unlink(missing_ok=True)
-            raise
         return StoredObject(uri=path.as_uri(), bytes=len(item.data), sha256=item.sha256)
+
+    @staticmethod
+    def _earlier_attempt(path: Path, item: Artifact) -> StoredObject:
+        data = path.read_bytes()
+        log.info("task %s: an earlier attempt stored %s; it is the result", item.task_id, path)
+        return StoredObject(uri=path.as_uri(), bytes=len(data), sha256=hashlib.sha256(data).hexdigest())

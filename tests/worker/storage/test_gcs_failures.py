@@ -3,6 +3,8 @@ never a success without a stored, verified object."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import threading
 import time
 
@@ -12,7 +14,7 @@ from google.api_core import exceptions as gx
 from tests.harness import Emulator
 from worker.config import GCSConfig
 from worker.storage.gcs import GCSStore, _transient
-from worker.storage import Artifact, StorageUnavailable
+from worker.storage import Artifact, StorageUnavailable, UploadCorrupted
 
 
 @pytest.fixture
@@ -31,7 +33,7 @@ def _timeout_408():
 
 
 def art() -> Artifact:
-    return Artifact("t1", b"png bytes", "image/png", 0.0)
+    return Artifact("t1", b"png bytes", "image/png", 0.0, {"task_id": "t1"})
 
 
 @pytest.mark.parametrize("exc, transient", [
@@ -63,3 +65,23 @@ def test_storage_back_within_the_deadline_succeeds(gcs):
     obj = store.put(art())
     assert gcs.bucket("results").get_blob("results/1970/01/01/t1.png").download_as_bytes() == b"png bytes"
     assert obj.uri == "gs://results/results/1970/01/01/t1.png"
+
+
+def test_a_corrupt_upload_is_deleted_and_fails_retryable(gcs, monkeypatch):
+    # Bytes damaged on the way: the request's MD5 is the worker's, the body is not. Real GCS refuses
+    # such an upload itself (400); the emulator stores it, so the check after the upload must catch it.
+    from google.cloud.storage import Blob
+
+    real_upload = Blob.upload_from_string
+
+    def damaged(self, data, *args, checksum=None, **kw):
+        self.md5_hash = base64.b64encode(hashlib.md5(data).digest()).decode()
+        return real_upload(self, data[:-1] + b"X", *args, checksum=None, **kw)
+
+    monkeypatch.setattr(Blob, "upload_from_string", damaged)
+    store = GCSStore(GCSConfig(bucket="results", deadline_s=5.0))
+    with pytest.raises(UploadCorrupted, match="stored MD5 .* is not .*; the object was deleted"):
+        store.put(art())
+    assert list(gcs.client().list_blobs("results")) == []  # nothing corrupt left for a retry to take
+    monkeypatch.setattr(Blob, "upload_from_string", real_upload)
+    assert store.put(art()).sha256 == hashlib.sha256(b"png bytes").hexdigest()  # the retry stores it

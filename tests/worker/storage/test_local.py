@@ -18,12 +18,13 @@ def test_put_writes_named_by_task_id(tmp_path):
     assert obj.bytes == 7 and obj.sha256 == hashlib.sha256(b"\x89PNG...").hexdigest()
 
 
-def test_retry_overwrites_instead_of_duplicating(tmp_path):
+def test_a_retry_takes_the_earlier_attempts_object_and_leaves_no_temp_file(tmp_path):
     store = LocalStore(tmp_path)
-    store.put(art("task1", b"first"))
-    store.put(art("task1", b"second"))
+    first = store.put(art("task1", b"first"))
+    again = store.put(art("task1", b"second attempt"))
+    assert again == first and again.sha256 == hashlib.sha256(b"first").hexdigest()
     assert [p.name for p in tmp_path.iterdir()] == ["task1.png"]
-    assert (tmp_path / "task1.png").read_bytes() == b"second"
+    assert (tmp_path / "task1.png").read_bytes() == b"first"
 
 
 def test_check_writable_creates_the_root(tmp_path):
