@@ -3,12 +3,54 @@
 # Scale out by running this on more nodes pointed at the same scheduler; nodes share nothing.
 #
 #   CONFIG=configs/flux-schnell.toml NPROC=8 launch/node.sh [--set queue.url=http://queue:8700 ...]
+#
+# SIGTERM (or SIGINT) drains: no new leases, the tasks held finish and are reported, then every rank
+# exits 0 and so does this script. A second signal stops at once; the scheduler retries what was
+# held. Environment: CONFIG, NPROC (default: the GPUs nvidia-smi lists, else 1), MAX_RESTARTS,
+# OMP_NUM_THREADS (default: the cores this process may use, shared among the ranks).
 set -euo pipefail
 
 CONFIG=${CONFIG:-configs/flux-schnell.toml}
 NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
 [ "${NPROC:-0}" -ge 1 ] || NPROC=1
-MAX_RESTARTS=${MAX_RESTARTS:-1000}   # a crashed rank restarts the group; leases requeue its task
+MAX_RESTARTS=${MAX_RESTARTS:-1000}   # a crashed rank restarts the group; its tasks are requeued
 
-exec torchrun --standalone --nproc_per_node="$NPROC" --max-restarts="$MAX_RESTARTS" \
-  -m worker --config "$CONFIG" "$@"
+# CPU threads per rank. Kernels round differently with the thread count, so this is also what makes
+# images identical across rank counts on a CPU; torchrun alone would set 1 and warn.
+if [ -z "${OMP_NUM_THREADS:-}" ]; then
+  OMP_NUM_THREADS=$(( $(nproc) / NPROC ))
+  [ "$OMP_NUM_THREADS" -ge 1 ] || OMP_NUM_THREADS=1
+fi
+export OMP_NUM_THREADS
+
+torchrun --standalone --nproc_per_node="$NPROC" --max-restarts="$MAX_RESTARTS" \
+  -m worker --config "$CONFIG" "$@" &
+TORCHRUN=$!
+
+# A signal to torchrun itself makes it kill the ranks after 30 s and exit 1 with a traceback, so a
+# clean drain would look like a failure. The ranks are told directly instead: rank 0 drains and
+# shuts the group down, every rank exits 0, and torchrun exits 0 with them.
+signals=0
+on_signal() {
+  signals=$((signals + 1))
+  if [ "$signals" -eq 1 ]; then
+    echo "node.sh: draining (signal again to stop at once)" >&2
+    pkill -TERM -P "$TORCHRUN" || true
+  else
+    echo "node.sh: stopping now" >&2
+    kill -TERM "$TORCHRUN" 2>/dev/null || true
+  fi
+}
+trap on_signal TERM INT
+
+while :; do
+  seen=$signals
+  rc=0
+  wait "$TORCHRUN" || rc=$?
+  [ "$signals" -ne "$seen" ] || break           # torchrun ended
+  kill -0 "$TORCHRUN" 2>/dev/null && continue   # a signal interrupted the wait
+  late=0; wait "$TORCHRUN" 2>/dev/null || late=$?  # ended as the signal came: its own status
+  [ "$late" -eq 127 ] || rc=$late
+  break
+done
+exit "$rc"

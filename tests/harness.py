@@ -4,6 +4,7 @@ GCS emulator driven by the official client, and short ways to run tasks and watc
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import psutil
@@ -30,12 +31,25 @@ class Stack:
         return start_scheduler(self.tmp / "scheduler.db", self.port, self.tmp / "scheduler.log",
                                lease_ttl=self.lease_ttl, max_attempts=self.max_attempts)
 
+    def overrides(self, extra: list[str] = ()) -> list[str]:
+        return [f"queue.url={self.url}", f"storage.local.root={self.images}", f"model.source={self.model}",
+                "queue.heartbeat_interval_s=1.0", "safety.text.backend=profanity", *extra]
+
     def worker(self, nproc: int = 2, overrides: list[str] = (), max_restarts: int = 0,
                env: dict[str, str] | None = None) -> Proc:
-        ov = [f"queue.url={self.url}", f"storage.local.root={self.images}", f"model.source={self.model}",
-              "queue.heartbeat_interval_s=1.0", "safety.text.backend=profanity", *overrides]
-        proc = start_worker(TINY_CONFIG, nproc, self.tmp / f"worker{len(self.workers)}.log", ov,
-                            max_restarts=max_restarts, env=env)
+        proc = start_worker(TINY_CONFIG, nproc, self.tmp / f"worker{len(self.workers)}.log",
+                            self.overrides(overrides), max_restarts=max_restarts, env=env)
+        self.workers.append(proc)
+        return proc
+
+    def node(self, nproc: int = 2, overrides: list[str] = (), env: dict[str, str] | None = None) -> Proc:
+        """launch/node.sh as an operator runs it, with this environment's torchrun on PATH."""
+        args = [str(REPO / "launch" / "node.sh")]
+        for item in self.overrides(overrides):
+            args += ["--set", item]
+        path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+        proc = Proc(args, self.tmp / f"node{len(self.workers)}.log", env={
+            "CONFIG": str(TINY_CONFIG), "NPROC": str(nproc), "PATH": path, "PYTHONUNBUFFERED": "1", **(env or {})})
         self.workers.append(proc)
         return proc
 
