@@ -37,7 +37,11 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     _setup_logging(cfg.logging.level, rank=int(os.environ.get("RANK", "0")))
-    ctx = distributed.init_distributed(cfg.distributed, cfg.model.device, COORDINATOR_RANK)
+    try:
+        ctx = distributed.init_distributed(cfg.distributed, cfg.model.device, COORDINATOR_RANK, cfg.model.dtype)
+    except ConfigError as e:
+        log.critical("not starting: %s", e)
+        return 2
     try:
         speed.check(cfg.speed, cfg.parallel, ctx.device, ctx.world_size)  # every rank, before registering
         coordinator = Coordinator.build(cfg, ctx) if ctx.is_coordinator else None

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.random_weights:
         overrides += [f"model.random_arch={args.random_weights}", *_random_safety(args.out / "models")]
     cfg = load_config(args.config, overrides)
-    device = pick_device(cfg.model.device, local_rank=0)
+    device = pick_device(cfg.model.device, local_rank=0, dtype=cfg.model.dtype)
     if args.mixed:
         return mixed(args, overrides, cfg, device)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.size] or list(cfg.warmup.sizes)

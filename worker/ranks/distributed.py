@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from worker.config import DistributedConfig
+from worker.config import ConfigError, DistributedConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,14 @@ class DistContext:
         return self.rank == self.coordinator
 
 
-def init_distributed(cfg: DistributedConfig, device_pref: str, coordinator: int = 0) -> DistContext:
+def init_distributed(cfg: DistributedConfig, device_pref: str, coordinator: int = 0,
+                     dtype: str = "float32") -> DistContext:
+    """Raises ConfigError, naming model.device, when the device cannot serve this model."""
     # torchrun sets these; a plain `python -m worker` is a group of one.
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_pref, local_rank)
+    device = pick_device(device_pref, local_rank, dtype)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl":
         if device.type != "cuda":
@@ -89,12 +91,18 @@ def enter_serving(ctx: DistContext, cfg: DistributedConfig) -> None:
     ctx.serve_group = dist.new_group(backend=ctx.backend, timeout=timedelta(seconds=cfg.serve_timeout_s))
 
 
-def pick_device(pref: str, local_rank: int) -> torch.device:
-    if pref == "cpu" or (pref == "auto" and not torch.cuda.is_available()):
+def pick_device(pref: str, local_rank: int, dtype: str = "float32") -> torch.device:
+    """"auto" is CUDA when one is visible. Without one it falls back to the CPU only for float32
+    models: a bfloat16/float16 model (production FLUX) on a CPU would serve at minutes per image, and
+    a node that lost its driver must not take traffic that way unless the config names the CPU."""
+    if torch.cuda.is_available() and pref != "cpu":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if pref == "cpu" or (pref == "auto" and dtype == "float32"):
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ValueError("model.device: cuda requested but no CUDA device is visible")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if pref == "cuda":
+        raise ConfigError("model.device: cuda requested but no CUDA device is visible")
+    raise ConfigError(f"model.device: 'auto' found no CUDA device, and a {dtype} model on the CPU would "
+                      "serve at minutes per image; set model.device = \"cpu\" to run on the CPU anyway")
 
 
 def broadcast(obj: Any, ctx: DistContext, group: Any = None) -> Any:
