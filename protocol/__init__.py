@@ -14,6 +14,7 @@ from protocol.models import (
     LeaseRequest,
     LeaseResponse,
     Registered,
+    RegistrationStatus,
     RegisterWorker,
     Report,
     ReportStatus,
@@ -27,5 +28,5 @@ from protocol.models import (
 )
 
 __all__ = ["DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
-           "LeaseResponse", "Registered", "RegisterWorker", "Report", "ReportStatus", "SubmitTask", "TaskList",
+           "LeaseResponse", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportStatus", "SubmitTask", "TaskList",
            "TaskResult", "TaskStatus", "TaskView", "WorkerStatus", "WorkerView"]

@@ -22,5 +22,7 @@ class ErrorCode(StrEnum):
     STORAGE_UNAVAILABLE = "storage_unavailable"
     STORAGE_FAILED = "storage_failed"
     INTERNAL_ERROR = "internal_error"
-    # Set by the scheduler when a task runs out of attempts through expired leases.
+    # Set by the scheduler: a task's lease ran out, or the worker holding it restarted (its node
+    # registered again); as the task's last error while it is retried, and final without attempts left.
     LEASE_EXPIRED = "lease_expired"
+    WORKER_RESTARTED = "worker_restarted"

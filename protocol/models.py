@@ -15,7 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed"]
-WorkerStatus = Literal["initializing", "ready", "draining"]
+WorkerStatus = Literal["initializing", "ready", "draining"]  # what a worker reports of itself
+# replaced: a later registration from the same node (a restarted torchrun group) took its place.
+RegistrationStatus = Literal["initializing", "ready", "draining", "replaced"]
 # released: leased but never started, handed back (the attempt does not count).
 ReportStatus = Literal["processing", "succeeded", "failed", "released"]
 
@@ -99,6 +101,9 @@ class RegisterWorker(_Strict):
     devices: list[DeviceInfo]
     model: str
     version: str
+    node_id: str | None = Field(None, min_length=1, max_length=255, description=(
+        "the same across restarts of one launch (e.g. host and torchrun run id): a registration with "
+        "it replaces the earlier ones, whose leased tasks are requeued at once"))
 
 
 class Registered(_Strict):
@@ -113,7 +118,8 @@ class WorkerView(_Strict):
     devices: list[DeviceInfo]
     model: str
     version: str
-    status: WorkerStatus
+    node_id: str | None = None
+    status: RegistrationStatus
     in_flight: list[str]
     warnings: list[str] = Field([], description="e.g. a safety check switched off by config")
     counters: dict[str, int] = Field({}, description="totals since the worker started")

@@ -145,9 +145,12 @@ def _worker_routes(app: FastAPI) -> None:
     @app.post("/v1/workers", status_code=201, response_model=Registered, tags=["workers"],
               dependencies=auth)
     async def register(body: RegisterWorker) -> Registered:
-        worker_id = await run_in_threadpool(store.register, body)
-        log.info("registered %s: %s, %d rank(s), model %s", worker_id, body.hostname,
-                 body.world_size, body.model)
+        worker_id, requeued = await run_in_threadpool(store.register, body)
+        log.info("registered %s: %s, %d rank(s), model %s, node %s", worker_id, body.hostname,
+                 body.world_size, body.model, body.node_id)
+        if requeued:
+            log.warning("node %s restarted: %d task(s) it held requeued", body.node_id, requeued)
+            app.state.wakeup.notify()
         return Registered(worker_id=worker_id, lease_ttl_s=store.lease_ttl_s)
 
     @app.get("/v1/workers", response_model=list[WorkerView], tags=["workers"], dependencies=auth)

@@ -67,8 +67,11 @@ CREATE TABLE IF NOT EXISTS workers (
 
 # Columns added after the first release, with their definitions: added to older databases at open.
 MIGRATIONS = {
-    "workers": {"warnings": "TEXT NOT NULL DEFAULT '[]'", "counters": "TEXT NOT NULL DEFAULT '{}'"},
+    "workers": {"warnings": "TEXT NOT NULL DEFAULT '[]'", "counters": "TEXT NOT NULL DEFAULT '{}'",
+                "node_id": "TEXT"},
 }
+INDEXES = ["CREATE INDEX IF NOT EXISTS workers_node ON workers (node_id)",
+           "CREATE INDEX IF NOT EXISTS tasks_worker ON tasks (worker_id, status)"]
 
 LEASED = ("leased", "processing")
 
@@ -102,6 +105,8 @@ class TaskStore:
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(SCHEMA)
         _migrate(self._db)
+        for index in INDEXES:
+            self._db.execute(index)
 
     def close(self) -> None:
         with self._lock:
@@ -162,15 +167,32 @@ class TaskStore:
 
     # ------------------------------------------------------------ workers
 
-    def register(self, req: RegisterWorker) -> str:
+    def register(self, req: RegisterWorker) -> tuple[str, int]:
+        """(worker id, tasks requeued). A registration naming a node replaces that node's earlier
+        registrations: their group restarted, so the tasks they held go back now, not at lease expiry."""
         worker_id = f"w-{uuid.uuid4().hex[:12]}"
+        now = self._clock()
         with self._tx() as db:
             db.execute(
-                "INSERT INTO workers (id, info, status, registered_at) VALUES (?, ?, 'initializing', ?)",
-                (worker_id, req.model_dump_json(), self._clock()),
+                "INSERT INTO workers (id, info, status, registered_at, node_id) VALUES (?, ?, 'initializing', ?, ?)",
+                (worker_id, req.model_dump_json(exclude={"node_id"}), now, req.node_id),
             )
-        return worker_id
+            requeued = self._replace(db, req.node_id, worker_id, now) if req.node_id else 0
+        return worker_id, requeued
 
+    def _replace(self, db: sqlite3.Connection, node_id: str, new_id: str, now: float) -> int:
+        old = [r["id"] for r in db.execute(
+            "SELECT id FROM workers WHERE node_id = ? AND id != ? AND status != 'replaced'", (node_id, new_id))]
+        rows = []
+        for worker_id in old:
+            db.execute("UPDATE workers SET status = 'replaced', in_flight = '[]' WHERE id = ?", (worker_id,))
+            rows += db.execute("SELECT id, attempts, max_attempts, error, worker_id FROM tasks"
+                               " WHERE worker_id = ? AND status IN ('leased', 'processing')", (worker_id,)).fetchall()
+        for row in rows:
+            self._requeue_held(db, row, ErrorCode.WORKER_RESTARTED,
+                               f"worker {row['worker_id']} restarted (node {node_id} registered again as {new_id})",
+                               now)
+        return len(rows)
     def workers(self) -> list[WorkerView]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
@@ -208,8 +230,9 @@ class TaskStore:
             _require_worker(db, worker_id)
             self._sweep(db)
             db.execute(
-                "UPDATE workers SET status = ?, in_flight = ?, last_heartbeat = ?, warnings = ?,"
-                " counters = ? WHERE id = ?",
+                # A replaced registration stays replaced: its group is gone or about to be.
+                "UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE ? END, in_flight = ?,"
+                " last_heartbeat = ?, warnings = ?, counters = ? WHERE id = ?",
                 (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
                  worker_id),
             )
@@ -277,15 +300,17 @@ class TaskStore:
             f" WHERE status IN {LEASED} AND lease_deadline < ?", (now,)
         ).fetchall()
         for row in rows:
-            last = f"; last error: {json.loads(row['error'])['message']}" if row["error"] else ""
-            error = ErrorEnvelope(
-                code=ErrorCode.LEASE_EXPIRED, retryable=True, worker_id=row["worker_id"],
-                message=f"worker {row['worker_id']} lost the lease (attempt {row['attempts']} of "
-                        f"{row['max_attempts']}){last}",
-            )
-            nxt = leases.after_expiry(row["attempts"], row["max_attempts"])
-            self._release(db, row["id"], nxt, error if nxt == "failed" else None, now)
+            self._requeue_held(db, row, ErrorCode.LEASE_EXPIRED, f"worker {row['worker_id']} lost the lease", now)
         return len(rows)
+
+    def _requeue_held(self, db: sqlite3.Connection, row: sqlite3.Row, code: ErrorCode, why: str, now: float) -> None:
+        """A held task whose worker is gone: queued again while attempts remain (the lost attempt
+        counts, so a task that kills its workers does not loop forever), else failed with `code`."""
+        last = f"; last error: {json.loads(row['error'])['message']}" if row["error"] else ""
+        error = ErrorEnvelope(code=code, retryable=True, worker_id=row["worker_id"],
+                              message=f"{why} (attempt {row['attempts']} of {row['max_attempts']}){last}")
+        nxt = leases.after_expiry(row["attempts"], row["max_attempts"])
+        self._release(db, row["id"], nxt, error if nxt == "failed" else None, now)
 
     @staticmethod
     def _release(db: sqlite3.Connection, task_id: str, nxt: str, error: ErrorEnvelope | None,
@@ -333,6 +358,6 @@ def _task_view(row: sqlite3.Row) -> TaskView:
 
 def _worker_view(row: sqlite3.Row) -> WorkerView:
     info = json.loads(row["info"])
-    return WorkerView(id=row["id"], status=row["status"], in_flight=json.loads(row["in_flight"]),
+    return WorkerView(id=row["id"], status=row["status"], node_id=row["node_id"], in_flight=json.loads(row["in_flight"]),
                       warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
                       registered_at=row["registered_at"], last_heartbeat=row["last_heartbeat"], **info)

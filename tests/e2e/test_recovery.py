@@ -86,3 +86,24 @@ def test_worker_re_registers_when_the_scheduler_forgets_it(make_stack):
     assert done["status"] == "succeeded" and done["worker_id"] != old["id"]
     fresh, = stack.registered()
     assert fresh["world_size"] == 2 and len(fresh["devices"]) == 2
+
+
+def test_after_a_rank_crash_the_tasks_the_group_held_succeed_soon_after_the_restart(make_stack):
+    stack = make_stack(lease_ttl=60.0)  # the production TTL: waiting for it would take a minute
+    proc = stack.worker(nproc=2, max_restarts=1)
+    first = ready_worker(stack, proc)
+    ids = [stack.client.submit({"prompt": f"held {i}", "width": 512, "height": 512})["id"] for i in range(8)]
+    held = wait_until(lambda: [t for t in ids if stack.client.task(t)["status"] in ("leased", "processing")
+                               and stack.client.task(t)["worker_id"] == first["id"]] or None,
+                      60, "tasks held by the group", proc)
+    psutil.Process(rank_pid(proc, 1)).kill()
+    second = ready_worker(stack, proc, known=1)
+    done = stack.client.wait(ids, 60, proc=proc)
+    assert all(t["status"] == "succeeded" for t in done.values()), {t: v["status"] for t, v in done.items()}
+    late = max(done[t]["finished_at"] for t in held) - second["registered_at"]
+    assert late < 20, f"the held tasks ended {late:.1f}s after the restart"
+    retried = [t for t in held if done[t]["attempts"] == 2]
+    assert retried and all(done[t]["worker_id"] == second["id"] for t in retried)
+    old = next(w for w in stack.registered() if w["id"] == first["id"])
+    assert old["status"] == "replaced" and old["node_id"] == second["node_id"] is not None
+    assert "requeued" in stack.scheduler.output()

@@ -28,8 +28,9 @@ def store(tmp_path, clock):
     s.close()
 
 
-def worker(store) -> str:
-    return store.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m", version="v"))
+def worker(store, node_id: str | None = None) -> str:
+    return store.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m", version="v",
+                                         node_id=node_id))[0]
 
 
 def submit(store, prompt="p", **kw):
@@ -247,3 +248,46 @@ def test_a_released_task_is_requeued_and_its_attempt_does_not_count(store):
     assert lease.attempt == 2  # a healthy worker still gets its full second attempt
     with pytest.raises(Conflict):  # the released token is dead
         store.report(t.id, Report(worker_id=w, lease_token="stale", status="released"))
+
+
+def test_a_node_registering_again_requeues_what_its_old_group_held_at_once(store, clock):
+    old, other = worker(store, "host/run-1"), worker(store, "host/run-2")
+    a, b, c = submit(store, "a"), submit(store, "b"), submit(store, "c")
+    [la, lb] = store.claim(old, 2)
+    store.report(a.id, Report(worker_id=old, lease_token=la.lease_token, status="processing"))
+    [lc] = store.claim(other, 1)
+    new, requeued = store.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m", version="v",
+                                                  node_id="host/run-1"))
+    assert requeued == 2  # long before the lease TTL: the clock has not moved
+    for t in (a, b):
+        view = store.get(t.id)
+        assert view.status == "queued" and view.attempts == 1 and view.worker_id == old
+    assert store.get(c.id).status == "leased"  # another node's lease is untouched
+    views = {w.id: w for w in store.workers()}
+    assert views[old].status == "replaced" and views[old].in_flight == [] and views[new].node_id == "host/run-1"
+    assert views[other].status == "initializing"
+    assert {lease.task_id for lease in store.claim(new, 5)} == {a.id, b.id}
+    # The old group's reports are refused: its leases are gone.
+    with pytest.raises(Conflict):
+        store.report(a.id, ok(la.lease_token, old))
+
+
+def test_a_task_whose_workers_keep_restarting_fails_when_out_of_attempts(store):
+    first = worker(store, "n")
+    t = submit(store)
+    store.claim(first, 1)
+    second = worker(store, "n")
+    store.claim(second, 1)  # attempt 2 of 2
+    worker(store, "n")
+    view = store.get(t.id)
+    assert view.status == "failed" and view.error.code == "worker_restarted" and view.error.retryable
+    assert "restarted (node n registered again" in view.error.message and "attempt 2 of 2" in view.error.message
+
+
+def test_a_registration_without_a_node_replaces_nothing(store):
+    w = worker(store)
+    t = submit(store)
+    store.claim(w, 1)
+    worker(store)
+    assert store.get(t.id).status == "leased"
+    assert [v.status for v in store.workers()] == ["initializing", "initializing"]

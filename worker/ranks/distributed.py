@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -37,6 +38,9 @@ class DistContext:
     backend: str
     coordinator: int = 0  # the rank that talks to the world; the source and sink of every collective
     serve_group: Any = field(default=None, repr=False)
+    # The same across torchrun's restarts of this group, distinct for every launch: the scheduler
+    # requeues what an earlier registration with it held. None outside torchrun.
+    node_id: str | None = None
 
     @property
     def is_coordinator(self) -> bool:
@@ -69,7 +73,14 @@ def init_distributed(cfg: DistributedConfig, device_pref: str, coordinator: int 
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
     log.info("rank %d/%d on %s (%s)", rank, world, device, backend)
-    return DistContext(rank, world, device, backend, coordinator)
+    return DistContext(rank, world, device, backend, coordinator, node_id=_node_id())
+
+
+def _node_id() -> str | None:
+    """Host and torchrun run id: torchrun draws the run id once per launch (--standalone) or takes
+    --rdzv-id, and keeps it across restarts of the group."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    return f"{socket.gethostname()}/{run_id}" if run_id else None
 
 
 def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:

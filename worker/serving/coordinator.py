@@ -61,7 +61,7 @@ class Coordinator:
         self._release_wait_s = cfg.queue.lease_wait_s + cfg.queue.timeout_s
         self._stop = threading.Event()
         self.registration = Registration(client, self.state, cfg.queue.heartbeat_interval_s, ctx.world_size,
-                                         cfg.model.name)
+                                         cfg.model.name, ctx.node_id)
         self.reporter = Reporter(client, lambda: self.registration.worker_id, self.state,
                                  cfg.queue.report_deadline_s)
         context = context_parallel(cfg.parallel, ctx.world_size)

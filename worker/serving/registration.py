@@ -1,6 +1,8 @@
 """This worker's registration with the scheduler, and the heartbeat thread that keeps it and its
 leases alive. When the scheduler has forgotten the worker (a 404, e.g. a fresh database), it
-registers again with the same description."""
+registers again with the same description. The registration names the node (DistContext.node_id),
+so after a torchrun restart the scheduler requeues what the dead group held without waiting for
+its leases to expire."""
 
 from __future__ import annotations
 
@@ -24,19 +26,21 @@ class FatalQueueError(RuntimeError):
 
 class Registration:
     def __init__(self, client: QueueClient, state: WorkerState, heartbeat_interval_s: float,
-                 world_size: int, model: str) -> None:
+                 world_size: int, model: str, node_id: str | None = None) -> None:
         self._client = client
         self._state = state
         self._interval_s = heartbeat_interval_s
         self._world_size = world_size
         self._model = model
+        self._node_id = node_id  # lets the scheduler requeue what this node's previous group held
         self._info: RegisterWorker | None = None
         self._heartbeat: HeartbeatThread | None = None
         self.worker_id = ""
 
     def register(self, devices: list[DeviceInfo]) -> None:
         self._info = RegisterWorker(hostname=socket.gethostname(), world_size=self._world_size,
-                                    devices=devices, model=self._model, version=_version())
+                                    devices=devices, model=self._model, version=_version(),
+                                    node_id=self._node_id)
         self._register()
 
     def ensure(self) -> None:
