@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     STORAGE_UNAVAILABLE = "storage_unavailable"
     STORAGE_FAILED = "storage_failed"
     INTERNAL_ERROR = "internal_error"
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # a stage ran past its deadline, or the serve loop stalled
     # Set by the scheduler: a task's lease ran out, or the worker holding it restarted (its node
     # registered again); as the task's last error while it is retried, and final without attempts left.
     LEASE_EXPIRED = "lease_expired"

@@ -4,7 +4,9 @@ GCS emulator driven by the official client, and short ways to run tasks and watc
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -173,3 +175,50 @@ class Emulator:
         if not bucket.exists():
             client.create_bucket(name)
         return client.bucket(name)
+
+
+class HangingProxy:
+    """A TCP proxy on 127.0.0.1 in front of a real server that can be made to hang: from `hang()` on,
+    it swallows what clients send, on new and kept-alive connections alike, and never answers (a
+    service that stopped responding without closing anything). `resume()` forwards again."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.hanging = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def hang(self) -> None:
+        self.hanging.set()
+
+    def resume(self) -> None:
+        self.hanging.clear()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if not self.hanging.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -3,6 +3,7 @@
 from worker.config.loader import ConfigError, describe_errors, load_config
 from worker.config.schema import (
     BatchConfig,
+    DeadlinesConfig,
     DistributedConfig,
     EncodeConfig,
     GCSConfig,
@@ -19,6 +20,6 @@ from worker.config.schema import (
     WorkerConfig,
 )
 
-__all__ = ["BatchConfig", "ConfigError", "DistributedConfig", "EncodeConfig", "GCSConfig", "LimitsConfig",
+__all__ = ["BatchConfig", "DeadlinesConfig", "ConfigError", "DistributedConfig", "EncodeConfig", "GCSConfig", "LimitsConfig",
            "LocalStorageConfig", "LoggingConfig", "ModelConfig", "ParallelConfig", "QueueConfig", "SpeedConfig",
            "StorageConfig", "StoreTarget", "WarmupConfig", "WorkerConfig", "describe_errors", "load_config"]

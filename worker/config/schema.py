@@ -199,6 +199,31 @@ def _location(t: StoreTarget) -> tuple:
     return (str(Path(t.local.root).resolve()),)
 
 
+class DeadlinesConfig(Section):
+    """How long a task may stay in each stage. The heartbeat renews a task's lease only while its
+    stage is within its deadline; past it the task fails retryable (deadline_exceeded) at once, and
+    whatever the stage produces later is discarded. A serve loop without progress for `stall_s`
+    gives its tasks back and exits, so torchrun restarts the group."""
+
+    admit_s: float = Field(30.0, gt=0, description="validation, text check, processing report")
+    generate_s: float = Field(120.0, gt=0, description="one round, broadcast to gather")
+    check_s: float = Field(30.0, gt=0, description="quality and image check of one image")
+    encode_s: float = Field(30.0, gt=0)
+    store_s: float = Field(90.0, gt=0, description="one upload with its retries")
+    # From the end of the post stage to the final report, with the wait for earlier tasks (results
+    # are reported in lease order) and the report's own retries (queue.report_deadline_s).
+    report_s: float = Field(180.0, gt=0)
+    stall_s: float = Field(300.0, gt=0, description="serve loop without a finished turn; then exit")
+
+    @model_validator(mode="after")
+    def _stall_outlives_a_turn(self) -> "DeadlinesConfig":
+        turn = self.generate_s + self.check_s + self.encode_s + self.store_s
+        if self.stall_s <= turn:
+            raise ValueError(f"stall_s must exceed generate_s + check_s + encode_s + store_s ({turn:.0f}s): a "
+                             "turn waits for one round and for the oldest post stage")
+        return self
+
+
 class LoggingConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -217,6 +242,7 @@ class WorkerConfig(Section):
     encode: EncodeConfig
     storage: StorageConfig
     safety: SafetyConfig
+    deadlines: DeadlinesConfig
     logging: LoggingConfig
 
     @model_validator(mode="before")
@@ -241,6 +267,8 @@ class WorkerConfig(Section):
         if self.safety.timeout_s + self.queue.report_deadline_s >= self.distributed.serve_timeout_s / 2:
             raise ValueError("safety.timeout_s + queue.report_deadline_s must be under half of "
                              "distributed.serve_timeout_s")
+        if self.deadlines.report_s <= self.queue.report_deadline_s:
+            raise ValueError("deadlines.report_s must exceed queue.report_deadline_s (the report's own retries)")
         lim = self.limits
         for w, h in self.warmup.sizes:
             if w % 16 or h % 16 or not (lim.min_side <= min(w, h) and max(w, h) <= lim.max_side):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from protocol import ErrorCode
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
-from worker.config import LimitsConfig
+from worker.config import DeadlinesConfig, LimitsConfig
 from worker.model.job import Job
 from worker.model.parallel import sequence_fits
 from worker.serving.heartbeat import WorkerState
@@ -40,11 +40,13 @@ class Admission:
     guard: Guard
     reporter: Reporter
     state: WorkerState
+    deadlines: DeadlinesConfig
     context_ranks: int = 0  # context parallelism splits each image's sequence over this many ranks
     text_tokens: int = 0  # the text's share of that sequence (model.max_sequence_length)
 
     def admit(self, task: Task) -> bool:
         """True when the task may be generated; its job is then set."""
+        self.state.begin(task, "admit", self.deadlines.admit_s)  # from now on the heartbeat renews it
         try:
             task.job = self._validate(task)
         except InvalidRequest as e:
@@ -59,8 +61,10 @@ class Admission:
                 self.reporter.processing(task)
         except QueueError as e:  # lease lost (409) or the report could not be delivered
             log.warning("task %s dropped before generation: %s", task.id, e)
-            self.state.end(task.id)
+            self.state.end(task)
             return False
+        # Waiting for a round: a serve loop that takes none for stall_s is stuck (the watchdog exits).
+        self.state.stage(task, "ready", self.deadlines.stall_s)
         return True
 
     def _validate(self, task: Task) -> Job:

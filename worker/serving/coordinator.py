@@ -37,6 +37,7 @@ from worker.serving.registration import Registration
 from worker.serving.reporter import Reporter
 from worker.serving.sizing import Sizes
 from worker.serving.task import Task
+from worker.serving.watchdog import Watchdog
 from worker.storage import build_store
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ class Coordinator:
         self.reporter = Reporter(client, lambda: self.registration.worker_id, self.state,
                                  cfg.queue.report_deadline_s)
         context = context_parallel(cfg.parallel, ctx.world_size)
-        admission = Admission(cfg.limits, guard, self.reporter, self.state,
+        self._deadlines = cfg.deadlines
+        self.watchdog = Watchdog(self.state, self.reporter, cfg.deadlines)
+        admission = Admission(cfg.limits, guard, self.reporter, self.state, cfg.deadlines,
                               context_ranks=ctx.world_size if context else 0,
                               text_tokens=cfg.model.max_sequence_length)
         leaser = Leaser(client, self.registration, self.state, cfg.queue, self._stop)
@@ -90,7 +93,8 @@ class Coordinator:
         state = WorkerState(warnings=guard.warnings)
         gcs = cfg.storage.gcs
         post = PostStage(guard, store, quarantine, state, cfg.encode, cfg.model.name,
-                         include_prompt=bool(gcs and gcs.include_prompt), workers=sizes.post_workers)
+                         include_prompt=bool(gcs and gcs.include_prompt), workers=sizes.post_workers,
+                         deadlines=cfg.deadlines)
         log.info("round %d image(s) (%d slot(s) x batch %d); lease ahead %d; post pool %d thread(s), "
                  "at most %d unreported", sizes.round, sizes.slots, sizes.per_slot, sizes.lease_ahead,
                  sizes.post_workers, sizes.max_pending)
@@ -116,15 +120,19 @@ class Coordinator:
     def serve(self, engine: Engine) -> None:
         self.state.set_counter("images_generated", engine.generations)  # warm-up included
         self.state.set_status("ready")
+        self.state.progress()
         self.intake.start()
+        self.watchdog.start()
         try:
             while not (self._stop.is_set() and self.intake.drained()):
                 self._turn(engine)
+                self.state.progress()
                 if reason := self.guard.unhealthy():
                     self._stop_unhealthy(reason)
             self.reporter.settle(0, self._keepalive, self._keepalive_s)
             broadcast(lockstep.Shutdown("drained"), self.ctx)
         finally:
+            self.watchdog.stop()
             self.post.shutdown()
             self.registration.close()
 
@@ -152,6 +160,9 @@ class Coordinator:
 
     def _generate(self, engine: Engine, batches: list[list[Task]]) -> list[lockstep.Outcome]:
         jobs = tuple(tuple(t.job for t in batch) for batch in batches)
+        for batch in batches:
+            for task in batch:
+                self.state.stage(task, "generate", self._deadlines.generate_s)
         t0 = time.perf_counter()
         broadcast(lockstep.Generate(jobs), self.ctx)
         sent_ms = (time.perf_counter() - t0) * 1e3

@@ -1,7 +1,9 @@
 """Rank 0's heartbeat: a daemon thread that never waits on the GPU.
 
-It reports the worker's status, in-flight task ids, warnings and counters every interval, which renews their leases on
-the scheduler; the reply names leases this worker has lost, so their results are not reported.
+It reports the worker's status, in-flight task ids, warnings and counters every interval, which renews
+their leases on the scheduler, but only for tasks whose stage is within its deadline: a task that
+stopped moving is not kept alive. The reply names leases this worker has lost, so their results are
+not reported.
 A status change (e.g. to "ready") is sent at once rather than at the next tick.
 """
 
@@ -10,22 +12,40 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from protocol import Heartbeat, WorkerStatus
 from worker.serving.queue_client import AuthError, NotFound, QueueClient, QueueError
+from worker.serving.task import Task
 
 log = logging.getLogger(__name__)
 
 
-class WorkerState:
-    """What rank 0 is doing, shared between the serve loop and the heartbeat thread."""
+@dataclass(eq=False)
+class Held:
+    """A task this worker holds a lease on: the stage it is in and that stage's deadline."""
 
-    def __init__(self, warnings: list[str] = ()) -> None:
+    task: Task
+    stage: str
+    limit_s: float
+    deadline: float  # time.monotonic()
+    overdue: bool = False  # past its deadline; the watchdog fails it
+
+
+class WorkerState:
+    """What rank 0 is doing, shared between the serve loop, the intake, the post pool, the heartbeat
+    and the watchdog. Tasks are held by identity: a task id that comes back in a later lease is a new
+    hold, and the earlier attempt's late calls cannot end it."""
+
+    def __init__(self, warnings: list[str] = (), clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._status: WorkerStatus = "initializing"
-        self._in_flight: set[str] = set()
+        self._held: dict[str, Held] = {}
         self._lost: set[str] = set()
         self._counters: dict[str, int] = {}
+        self._progress = clock()
         self.warnings = list(warnings)  # set once at start, e.g. a safety check switched off
         self.changed = threading.Event()
         self.worker_unknown = threading.Event()  # scheduler forgot us: the serve loop re-registers
@@ -41,14 +61,67 @@ class WorkerState:
         with self._lock:
             return self._status
 
-    def begin(self, task_id: str) -> None:
-        with self._lock:
-            self._in_flight.add(task_id)
+    # ------------------------------------------------------------ tasks and their stages
 
-    def end(self, task_id: str) -> None:
+    def begin(self, task: Task, stage: str, limit_s: float) -> None:
+        """Held from now on: the heartbeat renews its lease while `stage` is within `limit_s`."""
         with self._lock:
-            self._in_flight.discard(task_id)
-            self._lost.discard(task_id)
+            self._held[task.id] = Held(task, stage, limit_s, self._clock() + limit_s)
+            self._lost.discard(task.id)
+
+    def stage(self, task: Task, stage: str, limit_s: float) -> None:
+        """The task moved on: a new stage with its own deadline."""
+        with self._lock:
+            if (held := self._held.get(task.id)) is not None and held.task is task and not held.overdue:
+                held.stage, held.limit_s, held.deadline = stage, limit_s, self._clock() + limit_s
+
+    def end(self, task: Task) -> None:
+        with self._lock:
+            if (held := self._held.get(task.id)) is not None and held.task is task:
+                del self._held[task.id]
+                self._lost.discard(task.id)
+
+    def overdue(self) -> list[Held]:
+        """Tasks whose stage has just passed its deadline; each is returned once."""
+        now = self._clock()
+        with self._lock:
+            late = [h for h in self._held.values() if not h.overdue and now > h.deadline]
+            for held in late:
+                held.overdue = True
+        return late
+
+    def held(self) -> list[Held]:
+        with self._lock:
+            return list(self._held.values())
+
+    def next_deadline(self) -> float | None:
+        with self._lock:
+            return min((h.deadline for h in self._held.values() if not h.overdue), default=None)
+
+    def mark_lost(self, task_ids: list[str]) -> None:
+        with self._lock:
+            self._lost.update(t for t in task_ids if t in self._held)
+
+    def is_lost(self, task: Task) -> bool:
+        """Drop what this attempt produces: it was abandoned past a deadline, the scheduler says its
+        lease is gone, or a newer attempt of the task is held."""
+        with self._lock:
+            held = self._held.get(task.id)
+            if task.abandoned or (held is not None and held.task is not task):
+                return True
+            return held is not None and (held.overdue or task.id in self._lost)
+
+    # ------------------------------------------------------------ serve loop progress
+
+    def progress(self) -> None:
+        with self._lock:
+            self._progress = self._clock()
+
+    def idle_s(self) -> float:
+        with self._lock:
+            return self._clock() - self._progress
+
+    # ------------------------------------------------------------ counters
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -64,17 +137,13 @@ class WorkerState:
             self._counters[name] = max(self._counters.get(name, 0), value)
 
     def snapshot(self) -> Heartbeat:
+        """What the next heartbeat says. Only tasks within their stage's deadline are listed, so a
+        task that stopped moving stops being renewed."""
+        now = self._clock()
         with self._lock:
-            return Heartbeat(status=self._status, in_flight=sorted(self._in_flight), timestamp=time.time(),
+            moving = sorted(t for t, h in self._held.items() if not h.overdue and now <= h.deadline)
+            return Heartbeat(status=self._status, in_flight=moving, timestamp=time.time(),
                              warnings=list(self.warnings), counters=dict(self._counters))
-
-    def mark_lost(self, task_ids: list[str]) -> None:
-        with self._lock:
-            self._lost.update(t for t in task_ids if t in self._in_flight)
-
-    def is_lost(self, task_id: str) -> bool:
-        with self._lock:
-            return task_id in self._lost
 
 
 class HeartbeatThread(threading.Thread):

@@ -50,9 +50,7 @@ class Leaser:
             raise FatalQueueError(str(e)) from e
         except QueueError:  # stopping while the queue is down: the drain goes on without new leases
             return []
-        for lease in leases:
-            self._state.begin(lease.task_id)  # from now on the heartbeat renews it
-        return leases
+        return leases  # held (renewed by the heartbeat) once the admission begins each
 
 
 def _log_backoff(state: RetryCallState) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from protocol import ErrorCode, ErrorEnvelope, TaskResult
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
-from worker.config import EncodeConfig
+from worker.config import DeadlinesConfig, EncodeConfig
 from worker.model.job import Job
 from worker.ranks.lockstep import Outcome
 from worker.serving.heartbeat import WorkerState
@@ -41,6 +41,7 @@ class PostStage:
     model_name: str
     include_prompt: bool  # the prompt itself in the object's metadata (always its sha256)
     workers: int  # threads of the pool
+    deadlines: DeadlinesConfig
 
     def __post_init__(self) -> None:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="post")
@@ -53,14 +54,19 @@ class PostStage:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def run(self, task: Task, out: Outcome) -> Settled:
+        self.state.stage(task, "check", self.deadlines.check_s)
         with task.timings.stage("image_check"):
             refusal = self._check(task.job, out)
         if refusal is not None:
-            return refusal
-        if self.state.is_lost(task.id):  # a newer attempt owns the task and its object
-            log.warning("task %s: lease lost; result discarded", task.id)
+            return self._done(task, refusal)
+        if self.state.is_lost(task):  # a newer attempt owns the task and its object, or it ran out of time
+            log.warning("task %s: lease lost or deadline passed; result discarded", task.id)
             return None
-        return self._stored(task, out)
+        return self._done(task, self._stored(task, out))
+
+    def _done(self, task: Task, settled: Settled) -> Settled:
+        self.state.stage(task, "report", self.deadlines.report_s)  # reported in lease order
+        return settled
 
     def _check(self, job: Job, out: Outcome) -> ErrorEnvelope | None:
         """Quality, then content. None when the image may be stored."""
@@ -94,8 +100,10 @@ class PostStage:
 
     def _stored(self, task: Task, out: Outcome) -> Settled:
         job = task.job
+        self.state.stage(task, "encode", self.deadlines.encode_s)
         with task.timings.stage("encode"):
             data, content_type = encode_image(out.picture.pixels, job.output_format, self.encode)
+        self.state.stage(task, "store", self.deadlines.store_s)
         try:
             with task.timings.stage("store"):
                 obj = self.store.put(Artifact(job.task_id, data, content_type, task.lease.created_at,

@@ -48,16 +48,20 @@ class Reporter:
         self._client.report(task.id, self._report(task, "processing"), deadline_s=self._deadline_s)
 
     def fail(self, task: Task, code: ErrorCode, message: str, *, retryable: bool,
-             details: dict | None = None) -> None:
-        self.deliver(task, failure(code, message, retryable=retryable, details=details))
+             details: dict | None = None, deadline_s: float | None = None) -> None:
+        """Reports the failure now, whatever stage the task is in."""
+        log.info("task %s failed: %s: %s", task.id, code, message)
+        error = failure(code, message, retryable=retryable, details=details)
+        self._send(task, self._report(task, "failed", error=error.model_copy(update={"worker_id": self._worker_id()})),
+                   deadline_s)
 
-    def release(self, task: Task) -> None:
+    def release(self, task: Task, deadline_s: float | None = None) -> None:
         """Leased but never started: back in the queue at once, and the attempt does not count."""
-        self._send(task, self._report(task, "released"))
+        self._send(task, self._report(task, "released"), deadline_s)
 
     def deliver(self, task: Task, settled: Settled) -> None:
-        if settled is None:  # lease lost: a newer attempt reports
-            self._state.end(task.id)
+        if settled is None or self._state.is_lost(task):  # a newer attempt reports, or it was failed late
+            self._state.end(task)
         elif isinstance(settled, ErrorEnvelope):
             log.info("task %s failed: %s: %s", task.id, settled.code, settled.message)
             error = settled.model_copy(update={"worker_id": self._worker_id()})
@@ -76,6 +80,9 @@ class Reporter:
         pending, calling `keepalive` (the followers wait in a collective) every `every_s` meanwhile."""
         while self._pending:
             task, post = self._pending[0]
+            if self._state.is_lost(task) and not post.done():  # failed by the watchdog: not waited for
+                self._pending.popleft()
+                continue
             if not post.done():
                 if len(self._pending) <= limit:
                     return
@@ -94,10 +101,10 @@ class Reporter:
     def _report(self, task: Task, status: str, **payload) -> Report:
         return Report(worker_id=self._worker_id(), lease_token=task.lease.lease_token, status=status, **payload)
 
-    def _send(self, task: Task, rep: Report) -> None:
+    def _send(self, task: Task, rep: Report, deadline_s: float | None = None) -> None:
         t0 = time.perf_counter()
         try:
-            self._client.report(task.id, rep, deadline_s=self._deadline_s)
+            self._client.report(task.id, rep, deadline_s=deadline_s or self._deadline_s)
         except LeaseLost as e:
             log.warning("task %s: lease lost, result not reported: %s", task.id, e)
         except QueueError as e:
@@ -109,7 +116,7 @@ class Reporter:
             if rep.status == "succeeded":
                 log.info("task %s succeeded: %s", task.id, rep.result.uri)
         finally:
-            self._state.end(task.id)
+            self._state.end(task)
 
 
 def _outcome(task: Task, post: Future) -> Settled:

@@ -44,6 +44,7 @@ class Task:
     job: Job | None = None  # set once admitted (validated, seeded, checked)
     timings: Timings = field(default_factory=Timings)
     ready_at: float = 0.0  # time.monotonic() when admitted: the batching window starts here
+    abandoned: bool = False  # failed past a stage deadline: whatever it produces later is dropped
 
     @property
     def id(self) -> str:

@@ -9,6 +9,7 @@ from protocol import DeviceInfo, RegisterWorker
 from worker.config import QueueConfig
 from worker.serving.heartbeat import HeartbeatThread, WorkerState
 from worker.serving.queue_client import QueueClient
+from worker.serving.task import Task
 
 LEASE_TTL_S = 1.0
 
@@ -40,7 +41,7 @@ def test_heartbeat_keeps_a_lease_alive_and_reports_status(queue):
     task = httpx.post(f"{url}/v1/tasks", json={"input": {"prompt": "x"}}).json()
     lease, = client.lease(wid, 1, 0)
     state = WorkerState()
-    state.begin(lease.task_id)
+    state.begin(Task(lease), "generate", limit_s=60)
     state.set_status("ready")
     hb = HeartbeatThread(client, wid, state, interval_s=0.3)
     hb.start()
@@ -75,9 +76,10 @@ def test_lost_lease_is_marked(queue):
     # The lease expires (ttl 1 s) and the task goes to another worker.
     wait_until(lambda: client.lease(other, 1, 0), 10, "the expired task to be leased again")
     state = WorkerState()
-    state.begin(lease.task_id)
+    task = Task(lease)
+    state.begin(task, "generate", limit_s=60)
     HeartbeatThread(client, wid, state, interval_s=60).beat()
-    assert state.is_lost(lease.task_id)
+    assert state.is_lost(task)
 
 
 def test_unknown_worker_asks_for_registration(queue):
@@ -85,3 +87,29 @@ def test_unknown_worker_asks_for_registration(queue):
     state = WorkerState()
     HeartbeatThread(client, "w-nobody", state, interval_s=60).beat()
     assert state.worker_unknown.is_set()
+
+
+def test_a_task_past_its_stage_deadline_is_no_longer_renewed(queue):
+    url, client = queue
+    wid = register(client)
+    task = httpx.post(f"{url}/v1/tasks", json={"input": {"prompt": "x"}}).json()
+    lease, = client.lease(wid, 1, 0)
+    clock = FakeClock()
+    state = WorkerState(clock=clock)
+    state.begin(Task(lease), "store", limit_s=30)
+    hb = HeartbeatThread(client, wid, state, interval_s=0.2)
+    hb.start()
+    wait_until(lambda: hb.beats >= 3, 10, "three heartbeats")
+    assert status_of(url, task["id"]) == "leased"  # renewed past its 1 s TTL while the store moves
+    clock.now += 31  # the store hangs past its deadline
+    assert state.snapshot().in_flight == []
+    wait_until(lambda: status_of(url, task["id"]) == "queued", 10, "the lease to expire, no longer renewed")
+    hb.stop()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now

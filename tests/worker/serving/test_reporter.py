@@ -93,3 +93,18 @@ def test_a_post_stage_that_raises_fails_its_task_retryable(reporter):
     reporter.track(task("a"), pool.submit(lambda: 1 / 0))
     reporter.settle(0, keepalive=lambda: None, every_s=0.05)
     assert client.reports == [("a", "failed")]
+
+
+def test_settle_passes_over_a_task_the_watchdog_failed_while_its_post_stage_hangs(reporter):
+    reporter, client = reporter
+    post = GatedPost("ab")
+    hung, done = task("a"), task("b")
+    reporter.track(hung, post.submit(hung))  # a's gate never opens: an upload that never returns
+    second = post.submit(done)
+    reporter.track(done, second)
+    post.gates["b"].set()
+    second.result(5)
+    hung.abandoned = True  # the watchdog failed it past its deadline and reported that itself
+    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    assert client.reports == [("b", "succeeded")] and reporter.pending == 0
+    post.gates["a"].set()
