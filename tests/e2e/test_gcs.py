@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.harness import Emulator, Stack
+from launch.local import wait_until
+from tests.harness import Emulator, Stack, ready_worker
 
 BUCKET = "results"
 
@@ -117,5 +118,43 @@ def test_a_missing_bucket_stops_start_up_naming_it(make_stack, tmp_path):
         assert proc.wait(120) != 0
         assert "not starting: storage.gcs.bucket: bucket 'no-such-bucket' does not exist" in proc.output()
         assert stack.registered() == []
+    finally:
+        emu.stop()
+
+
+def test_a_retry_in_another_batch_size_after_a_kill_between_store_and_report_takes_the_first_object(
+        make_stack, tmp_path, monkeypatch):
+    emu = Emulator(tmp_path)
+    bucket = emu.bucket("retried")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emu.url)
+    gcs = ["storage.kind=gcs", "storage.gcs.bucket=retried", "storage.gcs.deadline_s=5.0"]
+    stack = make_stack(lease_ttl=3.0)
+    try:
+        first = stack.worker(nproc=1, env={"STORAGE_EMULATOR_HOST": emu.url}, overrides=gcs)
+        ready_worker(stack, first)
+        # 1024x1024 takes seconds on the tiny model: time to take the scheduler away mid-task.
+        task = stack.client.submit({"prompt": "stored, never reported", "width": 1024, "height": 1024})["id"]
+        wait_until(lambda: stack.client.task(task)["status"] == "processing", 60, "processing", first)
+        stack.scheduler.kill()  # the report cannot go through...
+        stored = wait_until(lambda: next((b for b in emu.client().list_blobs("retried") if task in b.name), None),
+                            60, "the first attempt's object", first)
+        first.kill()  # ...and the worker dies between store and report
+        stack.scheduler = stack.start_scheduler()
+        wait_until(lambda: stack.client.task(task)["status"] == "queued", 30, "the lease to expire")
+        # The retry runs batched with another task of its size: other kernels, other bytes.
+        other = stack.client.submit({"prompt": "its batch mate", "width": 1024, "height": 1024})["id"]
+        second = stack.worker(nproc=1, env={"STORAGE_EMULATOR_HOST": emu.url},
+                              overrides=[*gcs, "batch.max_size=2", "batch.window_s=2.0"])
+        done = stack.client.wait([task, other], 180, proc=second)
+        result = done[task]
+        assert result["status"] == "succeeded", result["error"]
+        assert result["attempts"] == 2 and result["result"]["batch_size"] == 2
+        blob = bucket.get_blob(stored.name)
+        assert (blob.md5_hash, blob.generation) == (stored.md5_hash, stored.generation)  # the first object
+        assert result["result"]["sha256"] == stored.metadata["sha256"] == hashlib.sha256(
+            blob.download_as_bytes()).hexdigest()
+        assert result["result"]["uri"] == f"gs://retried/{stored.name}"
+        assert [b.name for b in emu.client().list_blobs("retried") if task in b.name] == [stored.name]
+        assert "an earlier attempt stored" in second.output()
     finally:
         emu.stop()
