@@ -82,6 +82,9 @@ class NudeNetConfig(Section):
     labels: tuple[str, ...] = NUDENET_EXPLICIT
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     model_path: str | None = Field(None, description="an ONNX detector; unset: the one in the wheel")
+    # onnxruntime's default is a pool of one thread per core that spins between calls: on rank 0 it
+    # takes CPU the ranks' generation needs. One thread, no spinning.
+    threads: int = Field(1, ge=1, le=64, description="onnxruntime intra-op threads")
 
 
 class HFClassifierConfig(Section):

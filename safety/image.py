@@ -8,6 +8,7 @@ directory, run in batches. Images come in as HxWx3 uint8 RGB arrays; one Verdict
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +18,18 @@ from safety.device import resolve_device
 from safety.verdicts import SafetyLoadError, Verdict
 
 log = logging.getLogger(__name__)
+
+
+def _quiet_session(model_path: str, threads: int):
+    """The detector's model in a session of `threads` threads that do not spin while idle (NudeNet
+    builds its session with onnxruntime's defaults and takes no options)."""
+    import onnxruntime  # installed with nudenet
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])
 
 
 class NudeNetCheck:
@@ -31,6 +44,8 @@ class NudeNetCheck:
                                   f"labels (it detects {', '.join(sorted(known))})")
         try:
             self._detector = nudenet.NudeDetector(model_path=cfg.model_path)
+            self._detector.onnx_session = _quiet_session(
+                cfg.model_path or str(Path(nudenet.nudenet.__file__).with_name("320n.onnx")), cfg.threads)
         except Exception as e:
             raise SafetyLoadError(f"safety.image.nudenet: cannot load the detector: {e}") from e
         self._thresholds = {label: cfg.threshold for label in cfg.labels}
