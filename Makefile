@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test bench bench-safety scheduler node clean
+.PHONY: install demo test bench bench-mixed bench-safety bench-post scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -30,12 +30,20 @@ BENCH_ARGS ?= --config configs/tiny.toml
 bench: install models/tiny-flux/model_index.json
 	$(PY) -m worker bench $(BENCH_ARGS) --out $(BENCH_OUT)
 
+# The full worker on mixed sizes (256x256, 384x256, 512x512), 1 rank against 2, with each rank's share.
+bench-mixed: install models/tiny-flux/model_index.json
+	$(PY) -m worker bench --mixed --images 240 --out $(BENCH_OUT)/mixed
+
 models/tiny-flux/model_index.json:
 	$(PY) -m worker make-tiny-model models/tiny-flux
 
 # Milliseconds each safety check adds per prompt / image (random-weight real architectures).
 bench-safety: install
 	$(PY) -m tools.safety_bench --out $(BENCH_OUT)/safety.json
+
+# What rank 0's post stage (image check, encode, store) carries per core at 1360x768.
+bench-post: install
+	$(PY) -m tools.post_bench --out $(BENCH_OUT)/post.json
 
 scheduler: install
 	$(PY) -m scheduler
