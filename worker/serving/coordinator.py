@@ -59,6 +59,10 @@ class Coordinator:
         self._mode = cfg.parallel.mode
         # Rank 0 never makes followers wait longer than this without a command.
         self._keepalive_s = cfg.distributed.serve_timeout_s / 4
+        # How long one wait (for work, for the post stage) lasts before the loop looks again: short
+        # enough that a turn, waits included, ends well within deadlines.stall_s.
+        d = cfg.deadlines
+        self._wait_s = min(self._keepalive_s, (d.stall_s - d.generate_s - d.check_s - d.encode_s - d.store_s) / 3)
         self._release_wait_s = cfg.queue.lease_wait_s + cfg.queue.timeout_s
         self._stop = threading.Event()
         self.registration = Registration(client, self.state, cfg.queue.heartbeat_interval_s, ctx.world_size,
@@ -129,7 +133,7 @@ class Coordinator:
                 self.state.progress()
                 if reason := self.guard.unhealthy():
                     self._stop_unhealthy(reason)
-            self.reporter.settle(0, self._keepalive, self._keepalive_s)
+            self.reporter.settle(0, self._keepalive, self._wait_s)
             broadcast(lockstep.Shutdown("drained"), self.ctx)
         finally:
             self.watchdog.stop()
@@ -141,9 +145,9 @@ class Coordinator:
     def _turn(self, engine: Engine) -> None:
         # Room for this round in the post stage: at most max_pending unreported once it is handed over.
         t0 = time.perf_counter()
-        self.reporter.settle(self.sizes.max_pending - self.sizes.round, self._keepalive, self._keepalive_s)
+        self.reporter.settle(self.sizes.max_pending - self.sizes.round, self._keepalive, self._wait_s)
         settle_ms = (time.perf_counter() - t0) * 1e3
-        batches = self.intake.take(self.sizes.slots, self.sizes.per_slot, self._window_s, wait_s=self._keepalive_s)
+        batches = self.intake.take(self.sizes.slots, self.sizes.per_slot, self._window_s, wait_s=self._wait_s)
         if not batches:
             self._keepalive()
             return
@@ -179,7 +183,7 @@ class Coordinator:
 
     def _stop_unhealthy(self, reason: str) -> None:
         """Reports what is finished, hands back what never started, stops the followers, raises."""
-        self.reporter.settle(0, self._keepalive, self._keepalive_s)
+        self.reporter.settle(0, self._keepalive, self._wait_s)
         left = self.intake.close(join_s=self._release_wait_s)
         if left:
             log.warning("releasing %d task(s) never started: %s", len(left), reason)
