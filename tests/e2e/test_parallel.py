@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from launch.local import REPO
+from tests.harness import settled_worker
 from worker.config import ModelConfig, load_config
 from worker.storage.encode import encode_image
 from worker.model.engine import Engine
@@ -104,3 +105,24 @@ def test_context_parallel_ulysses_within_one_level_of_one_rank(make_stack, refer
     task = stack.client.wait([bad], 60, proc=stack.proc)[bad]
     assert task["status"] == "failed" and task["error"]["code"] == "invalid_request"
     assert "not divisible by the 2 context-parallel ranks" in task["error"]["message"]
+
+
+def test_four_ranks_keep_generating_while_a_slow_post_stage_holds_max_pending(make_stack):
+    stack = make_stack()
+    ids = [stack.client.submit({"prompt": f"slow post {i}", "width": 128, "height": 128})["id"] for i in range(16)]
+    # Each image check takes 0.8 s: the post stage (auto-sized: 4 threads, max_pending 2 rounds = 8),
+    # not generation, limits the node. The old fixed default (max_pending 4) made every round wait.
+    stack.proc = stack.worker(nproc=4, overrides=[
+        "safety.image.backend=custom", "safety.image.custom.factory=tests.safety.backends:slow",
+        "safety.image.custom.options={ seconds = 0.8 }"])
+    done = stack.client.wait(ids, 180, proc=stack.proc)
+    tasks = [done[i] for i in ids]
+    assert all(t["status"] == "succeeded" for t in tasks), [t["error"] for t in tasks]
+    assert {t["result"]["rank"] for t in tasks} == {0, 1, 2, 3}
+    counters = settled_worker(stack)["counters"]
+    # Rank 0 went on generating while two rounds waited in the post stage, and never held more: with
+    # the old settle limit (max_pending - ranks) every round waited for all post-processing.
+    assert counters["unreported_max"] == counters["max_pending"] == 8
+    settle = [t["result"]["timings_ms"]["settle"] for t in tasks]  # a round's wait for room
+    assert settle[0] < 100  # the first round found room at once...
+    assert max(settle) > 200  # ...later ones waited for the slow post stage, as far as max_pending
