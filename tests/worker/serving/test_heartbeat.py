@@ -35,13 +35,19 @@ def status_of(url: str, task_id: str) -> str:
     return httpx.get(f"{url}/v1/tasks/{task_id}").json()["status"]
 
 
-def test_heartbeat_keeps_a_lease_alive_and_reports_status(queue):
-    url, client = queue
+def held_task(url, client, state: WorkerState, stage: str, limit_s: float) -> tuple[str, dict]:
+    """A registered worker holding a lease on a fresh task, in `stage` for `limit_s`."""
     wid = register(client)
     task = httpx.post(f"{url}/v1/tasks", json={"input": {"prompt": "x"}}).json()
     lease, = client.lease(wid, 1, 0)
+    state.begin(Task(lease), stage, limit_s)
+    return wid, task
+
+
+def test_heartbeat_keeps_a_lease_alive_and_reports_status(queue):
+    url, client = queue
     state = WorkerState()
-    state.begin(Task(lease), "generate", limit_s=60)
+    wid, task = held_task(url, client, state, "generate", 60)
     state.set_status("ready")
     hb = HeartbeatThread(client, wid, state, interval_s=0.3)
     hb.start()
@@ -91,12 +97,9 @@ def test_unknown_worker_asks_for_registration(queue):
 
 def test_a_task_past_its_stage_deadline_is_no_longer_renewed(queue):
     url, client = queue
-    wid = register(client)
-    task = httpx.post(f"{url}/v1/tasks", json={"input": {"prompt": "x"}}).json()
-    lease, = client.lease(wid, 1, 0)
     clock = FakeClock()
     state = WorkerState(clock=clock)
-    state.begin(Task(lease), "store", limit_s=30)
+    wid, task = held_task(url, client, state, "store", 30)
     hb = HeartbeatThread(client, wid, state, interval_s=0.2)
     hb.start()
     wait_until(lambda: hb.beats >= 3, 10, "three heartbeats")
