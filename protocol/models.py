@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed"]
 WorkerStatus = Literal["initializing", "ready", "draining"]  # what a worker reports of itself
@@ -22,8 +24,17 @@ RegistrationStatus = Literal["initializing", "ready", "draining", "replaced"]
 ReportStatus = Literal["processing", "succeeded", "failed", "released"]
 
 
+# Bounds on every list and string a peer sends, so a hostile or broken peer gets a 422, not a
+# scheduler that stores and serves megabytes (the HTTP body itself is capped too).
+MAX_DEVICES = 4096  # ranks of one worker group
+MAX_IN_FLIGHT = 4096
+Id = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Text = Annotated[str, StringConstraints(max_length=2000)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinity are refused: they are not JSON, and a 422 that echoed them could not be sent.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- clients
@@ -50,17 +61,17 @@ class ErrorEnvelope(_Strict):
 class TaskResult(BaseModel):
     """What a worker delivers. Extra keys are kept so newer workers can add fields."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    uri: str
-    content_type: str
+    uri: str = Field(max_length=4096)
+    content_type: str = Field(max_length=200)
     width: int
     height: int
     seed: int
     bytes: int
-    sha256: str
-    url: str | None = Field(None, description="a signed HTTPS URL, when the worker is configured to sign")
-    timings_ms: dict[str, float] = Field({}, description="wall time per stage: lease, text_check, admit, wait, "
+    sha256: str = Field(max_length=128)
+    url: str | None = Field(None, max_length=8192, description="a signed HTTPS URL, when the worker is configured to sign")
+    timings_ms: dict[str, float] = Field({}, max_length=64, description="wall time per stage: lease, text_check, admit, wait, "
                                          "broadcast, embed, denoise, vae, gather, generate, image_check, encode, store")
     batch_size: int = Field(1, description="images generated together with this one on its rank")
     rank: int = Field(0, description="the rank that generated it (data-parallel mode)")
@@ -91,16 +102,16 @@ class TaskList(_Strict):
 
 
 class DeviceInfo(_Strict):
-    name: str
+    name: str = Field(max_length=200)
     memory_bytes: int = Field(ge=0)
 
 
 class RegisterWorker(_Strict):
     hostname: str = Field(min_length=1, max_length=255)
-    world_size: int = Field(ge=1)
-    devices: list[DeviceInfo]
-    model: str
-    version: str
+    world_size: int = Field(ge=1, le=MAX_DEVICES)
+    devices: list[DeviceInfo] = Field(max_length=MAX_DEVICES)
+    model: str = Field(max_length=200)
+    version: str = Field(max_length=200)
     node_id: str | None = Field(None, min_length=1, max_length=255, description=(
         "the same across restarts of one launch (e.g. host and torchrun run id): a registration with "
         "it replaces the earlier ones, whose leased tasks are requeued at once"))
@@ -149,10 +160,10 @@ class LeaseResponse(_Strict):
 
 class Heartbeat(_Strict):
     status: WorkerStatus
-    in_flight: list[str] = []
+    in_flight: list[Id] = Field([], max_length=MAX_IN_FLIGHT)
     timestamp: float
-    warnings: list[str] = []
-    counters: dict[str, int] = {}
+    warnings: list[Text] = Field([], max_length=100)
+    counters: dict[Annotated[str, StringConstraints(max_length=100)], int] = Field({}, max_length=256)
 
 
 class HeartbeatReply(_Strict):
@@ -161,8 +172,8 @@ class HeartbeatReply(_Strict):
 
 
 class Report(_Strict):
-    worker_id: str
-    lease_token: str
+    worker_id: Id
+    lease_token: Id
     status: ReportStatus
     result: TaskResult | None = None
     error: ErrorEnvelope | None = None

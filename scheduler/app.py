@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
@@ -39,6 +41,7 @@ class Settings:
     worker_tokens: frozenset[str] = frozenset()
     client_tokens: frozenset[str] = frozenset()
     max_queued: int = 100_000
+    max_body_bytes: int = 1 << 20  # 413 beyond: a task's input is a prompt and a few numbers
     sweep_interval_s: float = 1.0
     retry_after_s: int = 5
 
@@ -83,6 +86,8 @@ def create_app(store: TaskStore, settings: Settings = Settings()) -> FastAPI:
     app = FastAPI(title="dit-worker reference scheduler", version="1", lifespan=lifespan)
     app.state.store = store
     app.state.settings = settings
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_exception_handler(RequestValidationError, _validation_error)
     _client_routes(app)
     _worker_routes(app)
 
@@ -91,6 +96,52 @@ def create_app(store: TaskStore, settings: Settings = Settings()) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+class BodyLimit:
+    """413 for a request body over `max_bytes`, by its Content-Length or, when chunked, as it
+    arrives, before anything parses it."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await self._too_large(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._too_large(scope, receive, send)
+
+    async def _too_large(self, scope, receive, send) -> None:
+        resp = JSONResponse({"detail": f"request body over {self.max_bytes} bytes"}, status_code=413)
+        await resp(scope, receive, send)
+
+
+class _TooLarge(BaseException):
+    """A BaseException: FastAPI turns any Exception raised while reading a body into a 400."""
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming each field and what is wrong, without echoing the input: a NaN, an infinity or a
+    huge value sent back would make the answer itself fail."""
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+              for e in exc.errors()]
+    return JSONResponse({"detail": errors}, status_code=422)
 
 
 async def _sweep_forever(app: FastAPI) -> None:
@@ -134,7 +185,7 @@ def _client_routes(app: FastAPI) -> None:
 
     @app.get("/v1/tasks", response_model=TaskList, tags=["clients"], dependencies=[Depends(client_auth)])
     async def list_tasks(status: TaskStatus | None = None, limit: int = Query(100, ge=1, le=1000),
-                         offset: int = Query(0, ge=0)) -> TaskList:
+                         offset: int = Query(0, ge=0, le=1_000_000_000)) -> TaskList:
         return TaskList(tasks=await run_in_threadpool(store.list, status, limit, offset))
 
 

@@ -82,3 +82,23 @@ def test_refuses_non_loopback_without_tokens(monkeypatch, tmp_path):
     monkeypatch.delenv("DIT_CLIENT_TOKENS", raising=False)
     assert scheduler_main(["--host", "0.0.0.0", "--db", str(tmp_path / "x.db")]) == 2
     assert not (tmp_path / "x.db").exists()
+
+
+def test_hostile_input_is_answered_with_4xx_never_5xx(server):
+    # Each of these answered 500, or was accepted, before.
+    assert server.get("/v1/tasks", params={"offset": "99999999999999999999"}).status_code == 422
+    wid = register(server)
+    nan = server.post(f"/v1/workers/{wid}/lease", content=b'{"max_tasks": 1, "wait_s": NaN}',
+                      headers={"content-type": "application/json"})
+    assert nan.status_code == 422 and nan.json()["detail"][0]["loc"] == ["body", "wait_s"]
+    inf = server.post(f"/v1/workers/{wid}/heartbeat", content=b'{"status": "ready", "timestamp": Infinity}',
+                      headers={"content-type": "application/json"})
+    assert inf.status_code == 422
+    assert server.post("/v1/tasks", json={"input": {"prompt": "x" * (2 << 20)}}).status_code == 413
+    chunked = server.post("/v1/tasks", content=(b"x" * 65536 for _ in range(40)),
+                          headers={"content-type": "application/json"})
+    assert chunked.status_code == 413  # no Content-Length: counted as it arrives
+    devices = [{"name": "cpu", "memory_bytes": 1}] * 5000
+    assert server.post("/v1/workers", json={**REG, "devices": devices}).status_code == 422
+    beat = {"status": "ready", "timestamp": 0, "in_flight": [f"t{i}" for i in range(5000)]}
+    assert server.post(f"/v1/workers/{wid}/heartbeat", json=beat).status_code == 422
