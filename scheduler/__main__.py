@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from scheduler.app import Settings, create_app
-from scheduler.store import TaskStore
+from scheduler.store import open_store
 
 log = logging.getLogger("scheduler")
 
@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("refusing to listen on %s without auth: set %s and %s (comma-separated tokens)",
                   args.host, args.worker_tokens_env, args.client_tokens_env)
         return 2
-    args.db.parent.mkdir(parents=True, exist_ok=True)
-    store = TaskStore(args.db, lease_ttl_s=args.lease_ttl, max_attempts=args.max_attempts)
+    store = open_store(args.db, lease_ttl_s=args.lease_ttl, max_attempts=args.max_attempts)
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              args.host, args.port, args.db, args.lease_ttl, args.max_attempts,
              "on" if settings.worker_tokens else "off (loopback)")

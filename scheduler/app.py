@@ -30,7 +30,7 @@ from protocol import (
     TaskView,
     WorkerView,
 )
-from scheduler.store import Conflict, NotFound, TaskStore
+from scheduler.store import Conflict, NotFound, Store
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ worker_auth = _bearer_checker("worker_tokens")
 client_auth = _bearer_checker("client_tokens")
 
 
-def create_app(store: TaskStore, settings: Settings = Settings()) -> FastAPI:
+def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.wakeup = _Wakeup()
@@ -156,7 +156,7 @@ async def _sweep_forever(app: FastAPI) -> None:
 
 
 def _client_routes(app: FastAPI) -> None:
-    store: TaskStore = app.state.store
+    store: Store = app.state.store
 
     @app.post("/v1/tasks", status_code=201, response_model=TaskView, tags=["clients"],
               dependencies=[Depends(client_auth)],
@@ -190,7 +190,7 @@ def _client_routes(app: FastAPI) -> None:
 
 
 def _worker_routes(app: FastAPI) -> None:
-    store: TaskStore = app.state.store
+    store: Store = app.state.store
     auth = [Depends(worker_auth)]
 
     @app.post("/v1/workers", status_code=201, response_model=Registered, tags=["workers"],

@@ -30,7 +30,7 @@ def test_the_contracts_hold():
 
 
 @pytest.mark.parametrize("module, source, broken", [
-    ("worker/serving/shortcut.py", "from scheduler.store import TaskStore\n",
+    ("worker/serving/shortcut.py", "from scheduler.store import SQLiteStore\n",
      "Worker and scheduler meet only in the protocol BROKEN"),
     ("worker/model/shortcut.py", "from worker.serving.task import Task\n",
      "Worker layers"),

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTask, TaskResult
-from scheduler.store import Conflict, NotFound, TaskStore
+from scheduler.store import Conflict, NotFound, SQLiteStore
 
 
 class Clock:
@@ -23,7 +23,7 @@ def clock():
 
 @pytest.fixture
 def store(tmp_path, clock):
-    s = TaskStore(tmp_path / "s.db", lease_ttl_s=10.0, max_attempts=2, clock=clock)
+    s = SQLiteStore(tmp_path / "s.db", lease_ttl_s=10.0, max_attempts=2, clock=clock)
     yield s
     s.close()
 
@@ -194,10 +194,10 @@ def test_idempotency_key_replays_and_conflicts(store):
 
 
 def test_state_survives_reopening(tmp_path, clock):
-    s = TaskStore(tmp_path / "d.db", clock=clock)
+    s = SQLiteStore(tmp_path / "d.db", clock=clock)
     t = s.submit(SubmitTask(input={"prompt": "p"}))[0]
     s.close()
-    s2 = TaskStore(tmp_path / "d.db", clock=clock)
+    s2 = SQLiteStore(tmp_path / "d.db", clock=clock)
     assert s2.get(t.id).status == "queued"
     s2.close()
 
@@ -222,14 +222,14 @@ def test_error_details_are_kept(store):
 def test_a_database_from_before_the_worker_columns_is_migrated(tmp_path, clock):
     import sqlite3
 
-    from scheduler import store as store_module
+    from scheduler.store import sqlite as store_module
 
     old = store_module.SCHEMA.replace(",\n    warnings TEXT NOT NULL DEFAULT '[]',\n    counters TEXT NOT NULL DEFAULT '{}'", "")
     assert "warnings" not in old
     db = sqlite3.connect(tmp_path / "old.db")
     db.executescript(old)
     db.close()
-    s = TaskStore(tmp_path / "old.db", clock=clock)
+    s = SQLiteStore(tmp_path / "old.db", clock=clock)
     wid = worker(s)
     s.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, counters={"n": 1}))
     assert s.workers()[0].counters == {"n": 1}

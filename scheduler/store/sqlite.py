@@ -1,4 +1,4 @@
-"""Durable task and worker state in SQLite (WAL mode).
+"""Durable task and worker state in SQLite (WAL mode): the embedded default backend.
 
 Every state change is one `BEGIN IMMEDIATE` transaction, so a claim is atomic even when several
 scheduler processes share the file. Expired leases are swept at the start of each transaction that
@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from scheduler import leases
+from scheduler.store.base import Conflict, NotFound, task_view, worker_view
 from protocol import (
     ErrorCode,
     ErrorEnvelope,
@@ -76,15 +77,7 @@ INDEXES = ["CREATE INDEX IF NOT EXISTS workers_node ON workers (node_id)",
 LEASED = ("leased", "processing")
 
 
-class NotFound(Exception):
-    pass
-
-
-class Conflict(Exception):
-    """Idempotency-key reuse with another body, or a report whose lease is not current (stale)."""
-
-
-class TaskStore:
+class SQLiteStore:
     def __init__(
         self,
         path: str | Path,
@@ -137,7 +130,7 @@ class TaskStore:
                 if row is not None:
                     if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
                         raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
-                    return _task_view(row), False
+                    return task_view(row), False
             task_id = uuid.uuid4().hex
             db.execute(
                 "INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts,"
@@ -145,12 +138,12 @@ class TaskStore:
                 (task_id, req.idempotency_key, body, req.priority,
                  req.max_attempts or self.max_attempts, now, now),
             )
-            return _task_view(_get(db, task_id)), True
+            return task_view(_get(db, task_id)), True
 
     def get(self, task_id: str) -> TaskView:
         with self._tx() as db:
             self._sweep(db)
-            return _task_view(_get(db, task_id))
+            return task_view(_get(db, task_id))
 
     def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]:
         with self._tx() as db:
@@ -159,7 +152,7 @@ class TaskStore:
             rows = db.execute(
                 f"SELECT * FROM tasks {where} ORDER BY seq LIMIT ? OFFSET ?", [*args, limit, offset]
             ).fetchall()
-            return [_task_view(r) for r in rows]
+            return [task_view(r) for r in rows]
 
     def queued_count(self) -> int:
         with self._lock:
@@ -196,7 +189,7 @@ class TaskStore:
     def workers(self) -> list[WorkerView]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
-        return [_worker_view(r) for r in rows]
+        return [worker_view(r) for r in rows]
 
     def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
         """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO."""
@@ -283,7 +276,7 @@ class TaskStore:
                 error = rep.error.model_copy(update={"worker_id": rep.worker_id})
                 nxt = leases.after_failure(error.retryable, row["attempts"], row["max_attempts"])
                 self._release(db, task_id, nxt, error, now)
-            return _task_view(_get(db, task_id))
+            return task_view(_get(db, task_id))
 
     def sweep(self) -> int:
         with self._tx() as db:
@@ -342,22 +335,3 @@ def _migrate(db: sqlite3.Connection) -> None:
 def _require_worker(db: sqlite3.Connection, worker_id: str) -> None:
     if db.execute("SELECT 1 FROM workers WHERE id = ?", (worker_id,)).fetchone() is None:
         raise NotFound(f"no worker {worker_id}; register first")
-
-
-def _task_view(row: sqlite3.Row) -> TaskView:
-    return TaskView(
-        id=row["id"], status=row["status"], input=json.loads(row["input"]), priority=row["priority"],
-        attempts=row["attempts"], max_attempts=row["max_attempts"],
-        idempotency_key=row["idempotency_key"], worker_id=row["worker_id"],
-        result=json.loads(row["result"]) if row["result"] else None,
-        error=json.loads(row["error"]) if row["error"] else None,
-        created_at=row["created_at"], updated_at=row["updated_at"],
-        started_at=row["started_at"], finished_at=row["finished_at"],
-    )
-
-
-def _worker_view(row: sqlite3.Row) -> WorkerView:
-    info = json.loads(row["info"])
-    return WorkerView(id=row["id"], status=row["status"], node_id=row["node_id"], in_flight=json.loads(row["in_flight"]),
-                      warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
-                      registered_at=row["registered_at"], last_heartbeat=row["last_heartbeat"], **info)

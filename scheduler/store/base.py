@@ -1,0 +1,70 @@
+"""What every store backend shares: the interface the HTTP app calls, its errors, and the views built
+from a task or worker row (both backends keep the same columns, JSON held as text)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from protocol import Heartbeat, HeartbeatReply, Lease, RegisterWorker, Report, SubmitTask, TaskView, WorkerView
+
+
+class NotFound(Exception):
+    pass
+
+
+class Conflict(Exception):
+    """Idempotency-key reuse with another body, or a report whose lease is not current (stale)."""
+
+
+class Store(Protocol):
+    """The scheduler's state. Every state change is atomic; reads never block writers."""
+
+    lease_ttl_s: float
+    max_attempts: int
+
+    def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
+        """(task, created). A repeated idempotency key returns the first task."""
+
+    def get(self, task_id: str) -> TaskView: ...
+
+    def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]: ...
+
+    def queued_count(self) -> int: ...
+
+    def register(self, req: RegisterWorker) -> tuple[str, int]:
+        """(worker id, tasks requeued from the node's earlier registrations)."""
+
+    def workers(self) -> list[WorkerView]: ...
+
+    def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
+        """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO."""
+
+    def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply: ...
+
+    def report(self, task_id: str, rep: Report) -> TaskView: ...
+
+    def sweep(self) -> int:
+        """Requeues (or fails) tasks whose lease expired; the number of tasks it moved."""
+
+    def close(self) -> None: ...
+
+
+def task_view(row: Mapping[str, Any]) -> TaskView:
+    return TaskView(
+        id=row["id"], status=row["status"], input=json.loads(row["input"]), priority=row["priority"],
+        attempts=row["attempts"], max_attempts=row["max_attempts"],
+        idempotency_key=row["idempotency_key"], worker_id=row["worker_id"],
+        result=json.loads(row["result"]) if row["result"] else None,
+        error=json.loads(row["error"]) if row["error"] else None,
+        created_at=row["created_at"], updated_at=row["updated_at"],
+        started_at=row["started_at"], finished_at=row["finished_at"],
+    )
+
+
+def worker_view(row: Mapping[str, Any]) -> WorkerView:
+    info = json.loads(row["info"])
+    return WorkerView(id=row["id"], status=row["status"], node_id=row["node_id"], in_flight=json.loads(row["in_flight"]),
+                      warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
+                      registered_at=row["registered_at"], last_heartbeat=row["last_heartbeat"], **info)
