@@ -27,3 +27,4 @@ class ErrorCode(StrEnum):
     # registered again); as the task's last error while it is retried, and final without attempts left.
     LEASE_EXPIRED = "lease_expired"
     WORKER_RESTARTED = "worker_restarted"
+    WORKER_LOST = "worker_lost"  # no heartbeat for the scheduler's liveness time

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed"]
 WorkerStatus = Literal["initializing", "ready", "draining"]  # what a worker reports of itself
 # replaced: a later registration from the same node (a restarted torchrun group) took its place.
-RegistrationStatus = Literal["initializing", "ready", "draining", "replaced"]
+# lost: no heartbeat for the scheduler's liveness time; what it held was requeued.
+RegistrationStatus = Literal["initializing", "ready", "draining", "replaced", "lost"]
 # released: leased but never started, handed back (the attempt does not count).
 ReportStatus = Literal["processing", "succeeded", "failed", "released"]
 
@@ -136,6 +137,7 @@ class WorkerView(_Strict):
     counters: dict[str, int] = Field({}, description="totals since the worker started")
     registered_at: float
     last_heartbeat: float | None
+    last_heartbeat_age_s: float | None = Field(None, description="seconds since the last heartbeat")
 
 
 class LeaseRequest(_Strict):

@@ -37,6 +37,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-ttl", type=float, default=60.0, help="seconds a lease lives without renewal")
     p.add_argument("--max-attempts", type=int, default=3, help="leases per task before it fails for good")
     p.add_argument("--max-queued", type=int, default=100_000, help="429 to clients beyond this backlog")
+    p.add_argument("--worker-liveness", type=float, default=90.0,
+                   help="seconds without a heartbeat before a worker is lost and its tasks requeued")
+    p.add_argument("--worker-retention", type=float, default=86400.0,
+                   help="seconds lost and replaced registrations stay listed")
     p.add_argument("--worker-tokens-env", default="DIT_WORKER_TOKENS",
                    help="env var with comma-separated bearer tokens for workers")
     p.add_argument("--client-tokens-env", default="DIT_CLIENT_TOKENS",
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("refusing to listen on %s without auth: set %s and %s (comma-separated tokens)",
                   args.host, args.worker_tokens_env, args.client_tokens_env)
         return 2
-    store = open_store(args.db, lease_ttl_s=args.lease_ttl, max_attempts=args.max_attempts)
+    store = open_store(args.db, lease_ttl_s=args.lease_ttl, max_attempts=args.max_attempts,
+                       liveness_s=args.worker_liveness, retention_s=args.worker_retention)
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              args.host, args.port, args.db, args.lease_ttl, args.max_attempts,
              "on" if settings.worker_tokens else "off (loopback)")

@@ -8,7 +8,8 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
@@ -46,15 +47,34 @@ class Settings:
     retry_after_s: int = 5
 
 
-@dataclass
-class _Wakeup:
-    """Wakes long-polling lease requests when work may have appeared (submit, requeue, failure)."""
+class Waiters:
+    """Long-polling lease requests, in arrival order. Work that appears wakes at most as many of
+    them as it can serve (no thundering herd); each also looks again every second, which covers
+    work another scheduler process added."""
 
-    event: asyncio.Event = field(default_factory=asyncio.Event)
+    def __init__(self) -> None:
+        self._queue: deque[asyncio.Future] = deque()
 
-    def notify(self) -> None:
-        old, self.event = self.event, asyncio.Event()
-        old.set()
+    def enlist(self) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append(fut)
+        return fut
+
+    def leave(self, fut: asyncio.Future, served: bool) -> None:
+        """Done waiting. A wake-up that came while this request found work anyway goes to the next."""
+        try:
+            self._queue.remove(fut)
+        except ValueError:
+            pass
+        if served and fut.done():
+            self.notify(1)
+
+    def notify(self, n: int) -> None:
+        while n > 0 and self._queue:
+            fut = self._queue.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
 
 
 def _bearer_checker(tokens_of: str):
@@ -78,7 +98,7 @@ client_auth = _bearer_checker("client_tokens")
 def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.wakeup = _Wakeup()
+        app.state.waiters = Waiters()
         sweeper = asyncio.create_task(_sweep_forever(app))
         yield
         sweeper.cancel()
@@ -145,12 +165,12 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 async def _sweep_forever(app: FastAPI) -> None:
-    # Requeues expired leases even when no request arrives, so status pages stay truthful.
+    # Maintenance: expired leases, silent workers, old registrations. No request does this itself.
     while True:
         await asyncio.sleep(app.state.settings.sweep_interval_s)
         try:
-            if await run_in_threadpool(app.state.store.sweep):
-                app.state.wakeup.notify()
+            if moved := await run_in_threadpool(app.state.store.sweep):
+                app.state.waiters.notify(moved)
         except Exception:  # a locked or broken DB must not end the sweeper
             log.exception("lease sweep failed")
 
@@ -170,7 +190,7 @@ def _client_routes(app: FastAPI) -> None:
         except Conflict as e:
             raise HTTPException(409, str(e)) from e
         if created:
-            app.state.wakeup.notify()
+            app.state.waiters.notify(1)
         else:
             response.status_code = 200
         return task
@@ -201,7 +221,7 @@ def _worker_routes(app: FastAPI) -> None:
                  body.world_size, body.model, body.node_id)
         if requeued:
             log.warning("node %s restarted: %d task(s) it held requeued", body.node_id, requeued)
-            app.state.wakeup.notify()
+            app.state.waiters.notify(requeued)
         return Registered(worker_id=worker_id, lease_ttl_s=store.lease_ttl_s)
 
     @app.get("/v1/workers", response_model=list[WorkerView], tags=["workers"], dependencies=auth)
@@ -212,17 +232,20 @@ def _worker_routes(app: FastAPI) -> None:
               dependencies=auth, responses={204: {"description": "no work within wait_s"}, 404: {}})
     async def lease(worker_id: str, body: LeaseRequest) -> LeaseResponse | Response:
         end = time.monotonic() + body.wait_s
+        waiters: Waiters = app.state.waiters
         while True:
-            event = app.state.wakeup.event  # taken before the claim so no wakeup is missed
+            woken = waiters.enlist()  # before the claim, so work added meanwhile is not missed
+            got = []
             try:
                 got = await run_in_threadpool(store.claim, worker_id, body.max_tasks)
+                left = end - time.monotonic()
+                if got or left <= 0:
+                    break
+                await asyncio.wait({woken}, timeout=min(left, 1.0))
             except NotFound as e:
                 raise HTTPException(404, str(e)) from e
-            left = end - time.monotonic()
-            if got or left <= 0:
-                break
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=min(left, 1.0))
+            finally:
+                waiters.leave(woken, served=bool(got))
         if not got:
             return Response(status_code=204)
         return LeaseResponse(leases=got)
@@ -244,6 +267,6 @@ def _worker_routes(app: FastAPI) -> None:
             raise HTTPException(404, str(e)) from e
         except Conflict as e:
             raise HTTPException(409, str(e)) from e
-        if task.status == "queued":  # a retryable failure went back to the queue
-            app.state.wakeup.notify()
+        if task.status == "queued":  # a retryable failure or a release went back to the queue
+            app.state.waiters.notify(1)
         return task

@@ -19,9 +19,11 @@ TINY_CONFIG = REPO / "configs" / "tiny.toml"
 class Stack:
     """A real scheduler on 127.0.0.1 and the torchrun workers started against it."""
 
-    def __init__(self, tmp: Path, model: Path, lease_ttl: float = 15.0, max_attempts: int = 3) -> None:
+    def __init__(self, tmp: Path, model: Path, lease_ttl: float = 15.0, max_attempts: int = 3,
+                 scheduler_args: list[str] = ()) -> None:
         self.tmp, self.model = tmp, model
         self.lease_ttl, self.max_attempts = lease_ttl, max_attempts
+        self.scheduler_args = list(scheduler_args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.images = tmp / "images"
@@ -31,7 +33,7 @@ class Stack:
 
     def start_scheduler(self) -> Proc:
         return start_scheduler(self.tmp / "scheduler.db", self.port, self.tmp / "scheduler.log",
-                               lease_ttl=self.lease_ttl, max_attempts=self.max_attempts)
+                               lease_ttl=self.lease_ttl, max_attempts=self.max_attempts, extra=self.scheduler_args)
 
     def overrides(self, extra: list[str] = ()) -> list[str]:
         return [f"queue.url={self.url}", f"storage.local.root={self.images}", f"model.source={self.model}",

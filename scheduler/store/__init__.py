@@ -11,8 +11,9 @@ from scheduler.store.sqlite import SQLiteStore
 __all__ = ["Conflict", "NotFound", "SQLiteStore", "Store", "open_store"]
 
 
-def open_store(db: str | Path, *, lease_ttl_s: float = 60.0, max_attempts: int = 3) -> Store:
-    """A file path: SQLite (created with its folder)."""
+def open_store(db: str | Path, **options) -> Store:
+    """A file path: SQLite (created with its folder). Options: lease_ttl_s, max_attempts,
+    liveness_s, retention_s."""
     path = Path(db)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return SQLiteStore(path, lease_ttl_s=lease_ttl_s, max_attempts=max_attempts)
+    return SQLiteStore(path, **options)

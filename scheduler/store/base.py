@@ -63,8 +63,10 @@ def task_view(row: Mapping[str, Any]) -> TaskView:
     )
 
 
-def worker_view(row: Mapping[str, Any]) -> WorkerView:
+def worker_view(row: Mapping[str, Any], now: float) -> WorkerView:
     info = json.loads(row["info"])
+    beat = row["last_heartbeat"]
     return WorkerView(id=row["id"], status=row["status"], node_id=row["node_id"], in_flight=json.loads(row["in_flight"]),
                       warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
-                      registered_at=row["registered_at"], last_heartbeat=row["last_heartbeat"], **info)
+                      registered_at=row["registered_at"], last_heartbeat=beat,
+                      last_heartbeat_age_s=None if beat is None else round(now - beat, 3), **info)

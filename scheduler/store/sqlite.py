@@ -1,8 +1,10 @@
 """Durable task and worker state in SQLite (WAL mode): the embedded default backend.
 
 Every state change is one `BEGIN IMMEDIATE` transaction, so a claim is atomic even when several
-scheduler processes share the file. Expired leases are swept at the start of each transaction that
-reads leases, so no caller ever sees a lease that has run out.
+scheduler processes share the file. Reads run on a connection of their own per thread and never
+wait for the write lock (WAL readers see the last commit). Expired leases and silent workers are
+dealt with by `sweep`, which the app runs periodically, never inside a request; until then a lease
+past its deadline is already refused to its holder (reports and renewals check the deadline).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ MIGRATIONS = {
 INDEXES = ["CREATE INDEX IF NOT EXISTS workers_node ON workers (node_id)",
            "CREATE INDEX IF NOT EXISTS tasks_worker ON tasks (worker_id, status)"]
 
-LEASED = ("leased", "processing")
+HELD = "status IN ('leased', 'processing')"
+HELD_ROW = "id, attempts, max_attempts, error, worker_id"
 
 
 class SQLiteStore:
@@ -84,26 +87,47 @@ class SQLiteStore:
         *,
         lease_ttl_s: float = 60.0,
         max_attempts: int = 3,
+        liveness_s: float = 90.0,
+        retention_s: float = 86400.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.lease_ttl_s = lease_ttl_s
         self.max_attempts = max_attempts
+        self.liveness_s = liveness_s  # a worker silent this long is lost; its tasks go back
+        self.retention_s = retention_s  # lost and replaced registrations are kept this long
         self._clock = clock
+        self._path = str(path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
+        self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a committed claim or result survives an OS crash, not only a process crash.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(SCHEMA)
         _migrate(self._db)
         for index in INDEXES:
             self._db.execute(index)
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        # FULL: a committed claim or result survives an OS crash, not only a process crash.
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=10000")
+        return db
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read connection: no lock, never behind a writer."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = self._connect()
+            with self._lock:
+                self._readers.append(db)
+        return db
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            for db in [*self._readers, self._db]:
+                db.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -141,22 +165,19 @@ class SQLiteStore:
             return task_view(_get(db, task_id)), True
 
     def get(self, task_id: str) -> TaskView:
-        with self._tx() as db:
-            self._sweep(db)
-            return task_view(_get(db, task_id))
+        return task_view(_get(self._reader(), task_id))
 
     def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]:
-        with self._tx() as db:
-            self._sweep(db)
-            where, args = ("WHERE status = ?", [status]) if status else ("", [])
-            rows = db.execute(
-                f"SELECT * FROM tasks {where} ORDER BY seq LIMIT ? OFFSET ?", [*args, limit, offset]
-            ).fetchall()
-            return [task_view(r) for r in rows]
+        if status:
+            rows = self._reader().execute("SELECT * FROM tasks WHERE status = ? ORDER BY seq LIMIT ? OFFSET ?",
+                                          (status, limit, offset)).fetchall()
+        else:
+            rows = self._reader().execute("SELECT * FROM tasks ORDER BY seq LIMIT ? OFFSET ?",
+                                          (limit, offset)).fetchall()
+        return [task_view(r) for r in rows]
 
     def queued_count(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM tasks WHERE status = 'queued'").fetchone()[0]
+        return self._reader().execute("SELECT COUNT(*) FROM tasks WHERE status = 'queued'").fetchone()[0]
 
     # ------------------------------------------------------------ workers
 
@@ -176,52 +197,50 @@ class SQLiteStore:
     def _replace(self, db: sqlite3.Connection, node_id: str, new_id: str, now: float) -> int:
         old = [r["id"] for r in db.execute(
             "SELECT id FROM workers WHERE node_id = ? AND id != ? AND status != 'replaced'", (node_id, new_id))]
-        rows = []
-        for worker_id in old:
-            db.execute("UPDATE workers SET status = 'replaced', in_flight = '[]' WHERE id = ?", (worker_id,))
-            rows += db.execute("SELECT id, attempts, max_attempts, error, worker_id FROM tasks"
-                               " WHERE worker_id = ? AND status IN ('leased', 'processing')", (worker_id,)).fetchall()
+        return sum(self._retire(db, worker_id, "replaced", ErrorCode.WORKER_RESTARTED,
+                                f"worker {worker_id} restarted (node {node_id} registered again as {new_id})", now)
+                   for worker_id in old)
+
+    def _retire(self, db: sqlite3.Connection, worker_id: str, status: str, code: ErrorCode, why: str,
+                now: float) -> int:
+        """Marks a registration `replaced` or `lost` and requeues what it held; the tasks requeued."""
+        db.execute("UPDATE workers SET status = ?, in_flight = '[]' WHERE id = ?", (status, worker_id))
+        rows = db.execute(f"SELECT {HELD_ROW} FROM tasks WHERE worker_id = ? AND {HELD}", (worker_id,)).fetchall()
         for row in rows:
-            self._requeue_held(db, row, ErrorCode.WORKER_RESTARTED,
-                               f"worker {row['worker_id']} restarted (node {node_id} registered again as {new_id})",
-                               now)
+            self._requeue_held(db, row, code, why, now)
         return len(rows)
+
     def workers(self) -> list[WorkerView]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
-        return [worker_view(r) for r in rows]
+        rows = self._reader().execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
+        now = self._clock()
+        return [worker_view(r, now) for r in rows]
 
     def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
-        """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO."""
+        """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO: one
+        UPDATE ... RETURNING. Tokens are 144 random bits from SQLite's randomblob (fencing tokens:
+        a report also needs the worker's id and bearer token)."""
         now = self._clock()
+        deadline = leases.deadline(now, self.lease_ttl_s)
         with self._tx() as db:
             _require_worker(db, worker_id)
-            self._sweep(db)
             rows = db.execute(
-                "SELECT * FROM tasks WHERE status = 'queued' ORDER BY priority DESC, seq LIMIT ?",
-                (max_tasks,),
-            ).fetchall()
-            out = []
-            for row in rows:
-                token = secrets.token_urlsafe(24)
-                dl = leases.deadline(now, self.lease_ttl_s)
-                db.execute(
-                    "UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
-                    " lease_token = ?, lease_deadline = ?, updated_at = ? WHERE id = ?",
-                    (worker_id, token, dl, now, row["id"]),
-                )
-                out.append(Lease(task_id=row["id"], input=json.loads(row["input"]), created_at=row["created_at"],
-                                 lease_token=token,
-                                 lease_deadline=dl, lease_ttl_s=self.lease_ttl_s,
-                                 attempt=row["attempts"] + 1))
-            return out
+                "UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
+                " lease_token = lower(hex(randomblob(18))), lease_deadline = ?, updated_at = ?"
+                " WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' ORDER BY priority DESC, seq LIMIT ?)"
+                " RETURNING id, input, created_at, lease_token, attempts, priority, seq",
+                (worker_id, deadline, now, max_tasks)).fetchall()
+        rows.sort(key=lambda r: (-r["priority"], r["seq"]))
+        return [Lease(task_id=r["id"], input=json.loads(r["input"]), created_at=r["created_at"],
+                      lease_token=r["lease_token"], lease_deadline=deadline, lease_ttl_s=self.lease_ttl_s,
+                      attempt=r["attempts"]) for r in rows]
 
     def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply:
-        """Records the worker's state and renews the leases it still holds on its in-flight tasks."""
+        """Records the worker's state and renews, in one UPDATE, the leases it still holds on its
+        in-flight tasks; the others are `lost`."""
         now = self._clock()
+        deadline = leases.deadline(now, self.lease_ttl_s)
         with self._tx() as db:
             _require_worker(db, worker_id)
-            self._sweep(db)
             db.execute(
                 # A replaced registration stays replaced: its group is gone or about to be.
                 "UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE ? END, in_flight = ?,"
@@ -229,29 +248,21 @@ class SQLiteStore:
                 (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
                  worker_id),
             )
-            renewed, lost = {}, []
-            for task_id in hb.in_flight:
-                dl = leases.deadline(now, self.lease_ttl_s)
-                cur = db.execute(
-                    f"UPDATE tasks SET lease_deadline = ?, updated_at = ? WHERE id = ? AND worker_id = ?"
-                    f" AND status IN {LEASED}",
-                    (dl, now, task_id, worker_id),
-                )
-                if cur.rowcount:
-                    renewed[task_id] = dl
-                else:
-                    lost.append(task_id)
-            return HeartbeatReply(renewed=renewed, lost=lost)
+            renewed = {r["id"] for r in db.execute(
+                f"UPDATE tasks SET lease_deadline = ?, updated_at = ? WHERE worker_id = ? AND {HELD}"
+                " AND lease_deadline >= ? AND id IN (SELECT value FROM json_each(?)) RETURNING id",
+                (deadline, now, worker_id, now, json.dumps(hb.in_flight)))}
+        return HeartbeatReply(renewed={t: deadline for t in hb.in_flight if t in renewed},
+                              lost=[t for t in hb.in_flight if t not in renewed])
 
     def report(self, task_id: str, rep: Report) -> TaskView:
         """Applies a worker's report if, and only if, it carries the task's current lease token."""
         now = self._clock()
         with self._tx() as db:
-            self._sweep(db)
             row = _get(db, task_id)
-            if (row["status"] not in LEASED or row["lease_token"] is None
+            if (row["status"] not in ("leased", "processing") or row["lease_token"] is None
                     or not secrets.compare_digest(row["lease_token"], rep.lease_token)
-                    or row["worker_id"] != rep.worker_id):
+                    or row["worker_id"] != rep.worker_id or row["lease_deadline"] < now):
                 raise Conflict(f"lease on task {task_id} is not held by this token (status {row['status']})")
             if rep.status == "processing":
                 db.execute(
@@ -279,22 +290,34 @@ class SQLiteStore:
             return task_view(_get(db, task_id))
 
     def sweep(self) -> int:
+        """Maintenance, run periodically by the app: requeues what expired leases and lost workers
+        held, and prunes old registrations. The number of tasks requeued or failed."""
+        now = self._clock()
         with self._tx() as db:
-            return self._sweep(db)
+            moved = self._expire(db, now) + self._lose_silent(db, now)
+            db.execute("DELETE FROM workers WHERE status IN ('lost', 'replaced')"
+                       " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.retention_s,))
+        return moved
 
     # ------------------------------------------------------------ internals
 
-    def _sweep(self, db: sqlite3.Connection) -> int:
-        """Puts tasks whose lease expired back in the queue, or fails them when out of attempts. A
-        lease is held up to and including its deadline; strictly after it, it is gone."""
-        now = self._clock()
-        rows = db.execute(
-            f"SELECT id, attempts, max_attempts, error, worker_id FROM tasks"
-            f" WHERE status IN {LEASED} AND lease_deadline < ?", (now,)
-        ).fetchall()
+    def _expire(self, db: sqlite3.Connection, now: float) -> int:
+        """Tasks whose lease expired go back to the queue, or fail when out of attempts. A lease is
+        held up to and including its deadline; strictly after it, it is gone."""
+        rows = db.execute(f"SELECT {HELD_ROW} FROM tasks WHERE {HELD} AND lease_deadline < ?", (now,)).fetchall()
         for row in rows:
             self._requeue_held(db, row, ErrorCode.LEASE_EXPIRED, f"worker {row['worker_id']} lost the lease", now)
         return len(rows)
+
+    def _lose_silent(self, db: sqlite3.Connection, now: float) -> int:
+        """Workers without a heartbeat for liveness_s are `lost`; what they held goes back now,
+        well before the lease TTL. A lost worker that beats again is shown as it says it is."""
+        silent = [r["id"] for r in db.execute(
+            "SELECT id FROM workers WHERE status NOT IN ('lost', 'replaced')"
+            " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.liveness_s,))]
+        return sum(self._retire(db, worker_id, "lost", ErrorCode.WORKER_LOST,
+                                f"worker {worker_id} sent no heartbeat for {self.liveness_s:g}s", now)
+                   for worker_id in silent)
 
     def _requeue_held(self, db: sqlite3.Connection, row: sqlite3.Row, code: ErrorCode, why: str, now: float) -> None:
         """A held task whose worker is gone: queued again while attempts remain (the lost attempt

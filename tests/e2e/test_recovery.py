@@ -107,3 +107,21 @@ def test_after_a_rank_crash_the_tasks_the_group_held_succeed_soon_after_the_rest
     old = next(w for w in stack.registered() if w["id"] == first["id"])
     assert old["status"] == "replaced" and old["node_id"] == second["node_id"] is not None
     assert "requeued" in stack.scheduler.output()
+
+
+def test_a_worker_killed_without_a_word_is_lost_and_its_task_leased_again_within_the_liveness_time(make_stack):
+    stack = make_stack(lease_ttl=60.0, scheduler_args=["--worker-liveness", "4"])
+    task = stack.client.submit({"prompt": "a slow one", "width": 1024, "height": 1024})["id"]
+    first = stack.worker(nproc=1)
+    wait_until(lambda: stack.client.task(task)["status"] == "processing", 120, "processing", first)
+    first_id = stack.client.task(task)["worker_id"]
+    first.kill()  # no drain, no report, no more heartbeats
+    killed = time.time()
+    wait_until(lambda: stack.client.task(task)["status"] == "queued", 20, "the task requeued")
+    requeued = time.time() - killed
+    assert requeued < 4 + 1 + 2, f"requeued {requeued:.1f}s after the kill"  # liveness + sweep + slack
+    old = next(w for w in stack.registered() if w["id"] == first_id)
+    assert old["status"] == "lost" and old["last_heartbeat_age_s"] >= 4
+    second = stack.worker(nproc=1)
+    done = stack.client.wait([task], 120, proc=second)[task]
+    assert done["status"] == "succeeded" and done["attempts"] == 2 and done["worker_id"] != first_id

@@ -100,9 +100,12 @@ def test_expired_lease_requeues_then_fails_when_attempts_are_used(store, clock):
     t = submit(store)
     store.claim(w, 1)
     clock.now += 10.5
+    assert store.get(t.id).status == "leased"  # expiry is maintenance's job, not a read's
+    store.sweep()
     assert store.get(t.id).status == "queued"
     store.claim(w, 1)
     clock.now += 10.5
+    store.sweep()
     view = store.get(t.id)
     assert view.status == "failed" and view.attempts == 2
     assert view.error.code == "lease_expired" and "attempt 2 of 2" in view.error.message
@@ -113,6 +116,9 @@ def test_stale_token_is_refused_and_changes_nothing(store, clock):
     t = submit(store)
     first, = store.claim(w1, 1)
     clock.now += 11
+    with pytest.raises(Conflict):  # past its deadline, even before the sweep
+        store.report(t.id, ok(first.lease_token, w1))
+    store.sweep()
     second, = store.claim(w2, 1)
     with pytest.raises(Conflict):
         store.report(t.id, ok(first.lease_token, w1))
@@ -174,6 +180,7 @@ def test_heartbeat_reports_a_lease_taken_over_as_lost(store, clock):
     t = submit(store)
     store.claim(w1, 1)
     clock.now += 11
+    store.sweep()
     store.claim(w2, 1)
     assert store.heartbeat(w1, Heartbeat(status="ready", in_flight=[t.id], timestamp=0)).lost == [t.id]
 
@@ -291,3 +298,38 @@ def test_a_registration_without_a_node_replaces_nothing(store):
     worker(store)
     assert store.get(t.id).status == "leased"
     assert [v.status for v in store.workers()] == ["initializing", "initializing"]
+
+
+def test_a_silent_worker_is_lost_and_its_tasks_requeued_before_the_ttl(tmp_path, clock):
+    s = SQLiteStore(tmp_path / "live.db", lease_ttl_s=60.0, max_attempts=3, liveness_s=5.0, retention_s=100.0,
+                    clock=clock)
+    quiet, alive = worker(s), worker(s)
+    a, b = submit(s, "a"), submit(s, "b")
+    s.claim(quiet, 1)
+    s.claim(alive, 1)
+    clock.now += 4
+    s.heartbeat(alive, Heartbeat(status="ready", in_flight=[b.id], timestamp=0))
+    assert s.sweep() == 0
+    clock.now += 2  # quiet: 6 s without a heartbeat; alive: 2 s
+    assert s.sweep() == 1
+    views = {w.id: w for w in s.workers()}
+    assert views[quiet].status == "lost" and views[quiet].in_flight == []
+    assert views[alive].status == "ready" and views[alive].last_heartbeat_age_s == 2.0
+    assert s.get(a.id).status == "queued" and s.get(b.id).status == "leased"  # long before the 60 s TTL
+    s.heartbeat(quiet, Heartbeat(status="ready", timestamp=0))  # it comes back: shown as it says
+    assert {w.id: w for w in s.workers()}[quiet].status == "ready"
+    s.close()
+
+
+def test_lost_and_replaced_registrations_are_pruned_after_the_retention(tmp_path, clock):
+    s = SQLiteStore(tmp_path / "prune.db", liveness_s=5.0, retention_s=100.0, clock=clock)
+    gone = worker(s, "node-a")
+    worker(s, "node-a")  # replaces it
+    silent = worker(s)
+    clock.now += 50
+    s.sweep()
+    assert {w.id: w.status for w in s.workers()}[silent] == "lost"
+    clock.now += 51
+    s.sweep()
+    assert gone not in {w.id for w in s.workers()} and silent not in {w.id for w in s.workers()}
+    s.close()
