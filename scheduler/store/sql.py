@@ -1,0 +1,282 @@
+"""The store's rules in SQL, shared by both backends (sqlite.py, postgres.py), which supply the
+connections, the transactions and a few dialect fragments. Statements are written with `?`
+placeholders; the PostgreSQL backend adapts them.
+
+- A claim is one UPDATE ... RETURNING over the queue's head (PostgreSQL: FOR UPDATE SKIP LOCKED,
+  so concurrent claims from several scheduler processes never wait for, or take, each other's rows).
+- A heartbeat renews all of a worker's moving leases in one UPDATE.
+- Expired leases, silent workers and old registrations are dealt with by `sweep` (maintenance, run
+  periodically by the app), never inside a request; meanwhile a lease past its deadline is already
+  refused to its holder (reports and renewals check the deadline).
+- Reads never take the write lock.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from protocol import (
+    ErrorCode,
+    ErrorEnvelope,
+    Heartbeat,
+    HeartbeatReply,
+    Lease,
+    RegisterWorker,
+    Report,
+    SubmitTask,
+    TaskView,
+    WorkerView,
+)
+from scheduler import leases
+from scheduler.store.base import Conflict, NotFound, task_view, worker_view
+
+HELD = "status IN ('leased', 'processing')"
+HELD_ROW = "id, attempts, max_attempts, error, worker_id"
+
+
+class SQLStore:
+    """Subclasses provide `_tx()` (a write transaction yielding a handle with `execute(sql, args)`),
+    `_read()` (a read handle), and the dialect fragments below."""
+
+    TOKEN_SQL = ""  # an expression making a fresh random lease token per row
+    SKIP_LOCKED = ""  # appended to the claim's inner SELECT
+    LOCK_ROW = ""  # appended to a SELECT of a row about to change
+    GREATEST = "MAX"  # the two-argument maximum
+
+    def __init__(self, *, lease_ttl_s: float = 60.0, max_attempts: int = 3, liveness_s: float = 90.0,
+                 retention_s: float = 86400.0, clock: Callable[[], float] = time.time) -> None:
+        self.lease_ttl_s = lease_ttl_s
+        self.max_attempts = max_attempts
+        self.liveness_s = liveness_s  # a worker silent this long is lost; its tasks go back
+        self.retention_s = retention_s  # lost and replaced registrations are kept this long
+        self._clock = clock
+
+    # ------------------------------------------------------------ backend hooks
+
+    def _tx(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _read(self) -> Any:
+        raise NotImplementedError
+
+    def _ids(self, ids: list[str]) -> tuple[str, Any]:
+        """A condition `id` in `ids`, and its one parameter."""
+        raise NotImplementedError
+
+    def _notify(self, db: Any, n: int) -> None:
+        """Tells other scheduler processes that n tasks may be waiting (at commit)."""
+
+    def _maintenance_lock(self, db: Any) -> bool:
+        """False when another process is running maintenance right now."""
+        return True
+
+    # ------------------------------------------------------------ clients
+
+    def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
+        """Returns (task, created). A repeated idempotency key returns the first task."""
+        now = self._clock()
+        body = json.dumps(req.input, sort_keys=True)
+        with self._tx() as db:
+            if req.idempotency_key is not None:
+                row = db.execute("SELECT * FROM tasks WHERE idempotency_key = ?", (req.idempotency_key,)).fetchone()
+                if row is not None:
+                    if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
+                        raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
+                    return task_view(row), False
+            row = db.execute(
+                "INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
+                (uuid.uuid4().hex, req.idempotency_key, body, req.priority, req.max_attempts or self.max_attempts,
+                 now, now)).fetchone()
+            self._notify(db, 1)
+        return task_view(row), True
+
+    def get(self, task_id: str) -> TaskView:
+        return task_view(_get(self._read(), task_id))
+
+    def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]:
+        if status:
+            rows = self._read().execute("SELECT * FROM tasks WHERE status = ? ORDER BY seq LIMIT ? OFFSET ?",
+                                        (status, limit, offset)).fetchall()
+        else:
+            rows = self._read().execute("SELECT * FROM tasks ORDER BY seq LIMIT ? OFFSET ?", (limit, offset)).fetchall()
+        return [task_view(r) for r in rows]
+
+    def queued_count(self) -> int:
+        return self._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE status = 'queued'").fetchone()["n"]
+
+    # ------------------------------------------------------------ workers
+
+    def register(self, req: RegisterWorker) -> tuple[str, int]:
+        """(worker id, tasks requeued). A registration naming a node replaces that node's earlier
+        registrations: their group restarted, so the tasks they held go back now, not at lease expiry."""
+        worker_id = f"w-{uuid.uuid4().hex[:12]}"
+        now = self._clock()
+        with self._tx() as db:
+            db.execute("INSERT INTO workers (id, info, status, registered_at, node_id)"
+                       " VALUES (?, ?, 'initializing', ?, ?)",
+                       (worker_id, req.model_dump_json(exclude={"node_id"}), now, req.node_id))
+            requeued = self._replace(db, req.node_id, worker_id, now) if req.node_id else 0
+            self._notify(db, requeued)
+        return worker_id, requeued
+
+    def workers(self) -> list[WorkerView]:
+        rows = self._read().execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
+        now = self._clock()
+        return [worker_view(r, now) for r in rows]
+
+    def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
+        """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO: one
+        UPDATE ... RETURNING. Tokens are fresh random values made by the database (fencing tokens:
+        a report also needs the worker's id and bearer token)."""
+        now = self._clock()
+        deadline = leases.deadline(now, self.lease_ttl_s)
+        with self._tx() as db:
+            _require_worker(db, worker_id)
+            rows = db.execute(
+                f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
+                f" lease_token = {self.TOKEN_SQL}, lease_deadline = ?, updated_at = ?"
+                f" WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' ORDER BY priority DESC, seq LIMIT ?"
+                f"{self.SKIP_LOCKED})"
+                f" RETURNING id, input, created_at, lease_token, attempts, priority, seq",
+                (worker_id, deadline, now, max_tasks)).fetchall()
+        rows.sort(key=lambda r: (-r["priority"], r["seq"]))
+        return [Lease(task_id=r["id"], input=json.loads(r["input"]), created_at=r["created_at"],
+                      lease_token=r["lease_token"], lease_deadline=deadline, lease_ttl_s=self.lease_ttl_s,
+                      attempt=r["attempts"]) for r in rows]
+
+    def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply:
+        """Records the worker's state and renews, in one UPDATE, the leases it still holds on its
+        in-flight tasks; the others are `lost`."""
+        now = self._clock()
+        deadline = leases.deadline(now, self.lease_ttl_s)
+        in_ids, ids = self._ids(hb.in_flight)
+        with self._tx() as db:
+            _require_worker(db, worker_id)
+            # A replaced registration stays replaced: its group is gone or about to be.
+            db.execute("UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE ? END,"
+                       " in_flight = ?, last_heartbeat = ?, warnings = ?, counters = ? WHERE id = ?",
+                       (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
+                        worker_id))
+            renewed = {r["id"] for r in db.execute(
+                f"UPDATE tasks SET lease_deadline = ?, updated_at = ? WHERE worker_id = ? AND {HELD}"
+                f" AND lease_deadline >= ? AND {in_ids} RETURNING id", (deadline, now, worker_id, now, ids))}
+        return HeartbeatReply(renewed={t: deadline for t in hb.in_flight if t in renewed},
+                              lost=[t for t in hb.in_flight if t not in renewed])
+
+    def report(self, task_id: str, rep: Report) -> TaskView:
+        """Applies a worker's report if, and only if, it carries the task's current, unexpired lease."""
+        now = self._clock()
+        with self._tx() as db:
+            row = _get(db, task_id, self.LOCK_ROW)
+            if (row["status"] not in ("leased", "processing") or row["lease_token"] is None
+                    or not secrets.compare_digest(row["lease_token"], rep.lease_token)
+                    or row["worker_id"] != rep.worker_id or row["lease_deadline"] < now):
+                raise Conflict(f"lease on task {task_id} is not held by this token (status {row['status']})")
+            if rep.status == "processing":
+                row = db.execute("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
+                                 " started_at = COALESCE(started_at, ?) WHERE id = ? RETURNING *",
+                                 (leases.deadline(now, self.lease_ttl_s), now, now, task_id)).fetchone()
+            elif rep.status == "released":
+                # Leased but never started (the worker is going down): back in the queue, and the
+                # attempt does not count. The last error, if any, is kept.
+                row = db.execute(f"UPDATE tasks SET status = 'queued', attempts = {self.GREATEST}(attempts - 1, 0),"
+                                 " lease_token = NULL, lease_deadline = NULL, updated_at = ? WHERE id = ? RETURNING *",
+                                 (now, task_id)).fetchone()
+            elif rep.status == "succeeded":
+                row = db.execute("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
+                                 " lease_deadline = NULL, updated_at = ?, finished_at = ? WHERE id = ? RETURNING *",
+                                 (rep.result.model_dump_json(), now, now, task_id)).fetchone()
+            else:
+                error = rep.error.model_copy(update={"worker_id": rep.worker_id})
+                nxt = leases.after_failure(error.retryable, row["attempts"], row["max_attempts"])
+                row = self._release(db, task_id, nxt, error, now)
+            if row["status"] == "queued":
+                self._notify(db, 1)
+        return task_view(row)
+
+    # ------------------------------------------------------------ maintenance
+
+    def sweep(self) -> int:
+        """Requeues what expired leases and lost workers held, and prunes old registrations. The
+        number of tasks requeued or failed; 0 when another process is sweeping."""
+        now = self._clock()
+        with self._tx() as db:
+            if not self._maintenance_lock(db):
+                return 0
+            moved = self._expire(db, now) + self._lose_silent(db, now)
+            db.execute("DELETE FROM workers WHERE status IN ('lost', 'replaced')"
+                       " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.retention_s,))
+            self._notify(db, moved)
+        return moved
+
+    def _expire(self, db: Any, now: float) -> int:
+        """Tasks whose lease expired go back to the queue, or fail when out of attempts. A lease is
+        held up to and including its deadline; strictly after it, it is gone."""
+        rows = db.execute(f"SELECT {HELD_ROW} FROM tasks WHERE {HELD} AND lease_deadline < ?{self.LOCK_ROW}",
+                          (now,)).fetchall()
+        for row in rows:
+            self._requeue_held(db, row, ErrorCode.LEASE_EXPIRED, f"worker {row['worker_id']} lost the lease", now)
+        return len(rows)
+
+    def _lose_silent(self, db: Any, now: float) -> int:
+        """Workers without a heartbeat for liveness_s are `lost`; what they held goes back now,
+        well before the lease TTL. A lost worker that beats again is shown as it says it is."""
+        silent = [r["id"] for r in db.execute(
+            "SELECT id FROM workers WHERE status NOT IN ('lost', 'replaced')"
+            " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.liveness_s,))]
+        return sum(self._retire(db, worker_id, "lost", ErrorCode.WORKER_LOST,
+                                f"worker {worker_id} sent no heartbeat for {self.liveness_s:g}s", now)
+                   for worker_id in silent)
+
+    def _replace(self, db: Any, node_id: str, new_id: str, now: float) -> int:
+        old = [r["id"] for r in db.execute(
+            "SELECT id FROM workers WHERE node_id = ? AND id != ? AND status != 'replaced'", (node_id, new_id))]
+        return sum(self._retire(db, worker_id, "replaced", ErrorCode.WORKER_RESTARTED,
+                                f"worker {worker_id} restarted (node {node_id} registered again as {new_id})", now)
+                   for worker_id in old)
+
+    def _retire(self, db: Any, worker_id: str, status: str, code: ErrorCode, why: str, now: float) -> int:
+        """Marks a registration `replaced` or `lost` and requeues what it held; the tasks requeued."""
+        db.execute("UPDATE workers SET status = ?, in_flight = '[]' WHERE id = ?", (status, worker_id))
+        rows = db.execute(f"SELECT {HELD_ROW} FROM tasks WHERE worker_id = ? AND {HELD}{self.LOCK_ROW}",
+                          (worker_id,)).fetchall()
+        for row in rows:
+            self._requeue_held(db, row, code, why, now)
+        return len(rows)
+
+    def _requeue_held(self, db: Any, row: Any, code: ErrorCode, why: str, now: float) -> None:
+        """A held task whose worker is gone: queued again while attempts remain (the lost attempt
+        counts, so a task that kills its workers does not loop forever), else failed with `code`."""
+        last = f"; last error: {json.loads(row['error'])['message']}" if row["error"] else ""
+        error = ErrorEnvelope(code=code, retryable=True, worker_id=row["worker_id"],
+                              message=f"{why} (attempt {row['attempts']} of {row['max_attempts']}){last}")
+        nxt = leases.after_expiry(row["attempts"], row["max_attempts"])
+        self._release(db, row["id"], nxt, error if nxt == "failed" else None, now)
+
+    @staticmethod
+    def _release(db: Any, task_id: str, nxt: str, error: ErrorEnvelope | None, now: float) -> Any:
+        # A requeued task keeps its last error for diagnosis; it is replaced by the next outcome.
+        return db.execute(
+            "UPDATE tasks SET status = ?, error = COALESCE(?, error), lease_token = NULL,"
+            " lease_deadline = NULL, updated_at = ?, finished_at = ? WHERE id = ? RETURNING *",
+            (nxt, error.model_dump_json() if error else None, now, now if nxt == "failed" else None, task_id),
+        ).fetchone()
+
+
+def _get(db: Any, task_id: str, lock: str = "") -> Any:
+    row = db.execute(f"SELECT * FROM tasks WHERE id = ?{lock}", (task_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    return row
+
+
+def _require_worker(db: Any, worker_id: str) -> None:
+    if db.execute("SELECT 1 AS one FROM workers WHERE id = ?", (worker_id,)).fetchone() is None:
+        raise NotFound(f"no worker {worker_id}; register first")
