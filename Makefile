@@ -11,6 +11,10 @@ BENCH_OUT ?= var/bench
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@# The scheduler's tests run against a real PostgreSQL server (Debian's package).
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null && (apt-get install -y -q postgresql || sudo apt-get install -y -q postgresql); } || \
+	  echo "warning: PostgreSQL is not installed; the scheduler's PostgreSQL tests will fail"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"

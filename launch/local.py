@@ -104,7 +104,7 @@ class Proc:
         return self.log_path.read_text(errors="replace")
 
 
-def start_scheduler(db: Path, port: int, log_path: Path, lease_ttl: float = 15.0,
+def start_scheduler(db: Path | str, port: int, log_path: Path, lease_ttl: float = 15.0,
                     max_attempts: int = 3, extra: list[str] = ()) -> Proc:
     proc = Proc([sys.executable, "-m", "scheduler", "--db", str(db), "--port", str(port),
                  "--lease-ttl", str(lease_ttl), "--max-attempts", str(max_attempts), *extra], log_path)

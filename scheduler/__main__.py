@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import sys
-from pathlib import Path
 
 import uvicorn
 
@@ -31,7 +30,8 @@ def _is_loopback(host: str) -> bool:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dit-scheduler", description=__doc__)
-    p.add_argument("--db", type=Path, default=Path("var/scheduler.db"), help="SQLite file (WAL mode)")
+    p.add_argument("--db", default="var/scheduler.db",
+                   help="an SQLite file (WAL mode), or postgresql://user@host/db for several scheduler processes")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
     p.add_argument("--lease-ttl", type=float, default=60.0, help="seconds a lease lives without renewal")

@@ -53,3 +53,13 @@ def make_stack(tmp_path, tiny_model):
     yield make
     for s in made:
         s.close()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL server for the session; `postgres.fresh()` makes an empty database."""
+    from tests.harness import Postgres
+
+    pg = Postgres(tmp_path_factory.mktemp("postgres"))
+    yield pg
+    pg.stop()

@@ -1,5 +1,6 @@
 """The scheduler's durable state behind one interface (base.Store): SQLite, the embedded default
-(sqlite.py). `open_store` picks the backend from the --db value."""
+(sqlite.py), or PostgreSQL for several scheduler processes (postgres.py). `open_store` picks the
+backend from the --db value."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ __all__ = ["Conflict", "NotFound", "SQLiteStore", "Store", "open_store"]
 
 
 def open_store(db: str | Path, **options) -> Store:
-    """A file path: SQLite (created with its folder). Options: lease_ttl_s, max_attempts,
-    liveness_s, retention_s."""
+    """postgresql://...: PostgreSQL (psycopg, from the `postgres` extra); a file path: SQLite
+    (created with its folder). Options: lease_ttl_s, max_attempts, liveness_s, retention_s."""
+    if str(db).startswith(("postgresql://", "postgres://")):
+        from scheduler.store.postgres import PostgresStore  # psycopg only where it is used
+
+        return PostgresStore(str(db), **options)
     path = Path(db)
     path.parent.mkdir(parents=True, exist_ok=True)
     return SQLiteStore(path, **options)

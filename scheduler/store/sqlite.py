@@ -66,7 +66,7 @@ class SQLiteStore(SQLStore):
 
     def __init__(self, path: str | Path, **options: Any) -> None:
         super().__init__(**options)
-        self._path = str(path)
+        self._path = self.location = str(path)
         self._lock = threading.Lock()
         self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")

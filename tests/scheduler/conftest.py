@@ -1,4 +1,6 @@
-"""The reference scheduler as a real server on 127.0.0.1, one per test module."""
+"""The scheduler's tests run on both backends: SQLite, and a real PostgreSQL server started once per
+session (tests/conftest.py). `make_store` builds stores in-process with a fake clock; `server` is the
+reference scheduler as a real process on 127.0.0.1, one per test module and backend."""
 
 from __future__ import annotations
 
@@ -6,14 +8,50 @@ import httpx
 import pytest
 
 from launch.local import free_port, start_scheduler
+from scheduler.store import SQLiteStore
+
+BACKENDS = ["sqlite", "postgres"]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture(params=BACKENDS)
+def make_store(request, tmp_path, clock):
+    made = []
+
+    def make(location: str | None = None, **options):
+        if request.param == "sqlite":
+            store = SQLiteStore(location or tmp_path / f"s{len(made)}.db", clock=clock, **options)
+        else:
+            from scheduler.store.postgres import PostgresStore
+
+            pg = request.getfixturevalue("postgres")
+            store = PostgresStore(location or pg.fresh(), pool_size=8, clock=clock, **options)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sched")
+    db = str(tmp / "s.db") if request.param == "sqlite" else request.getfixturevalue("postgres").fresh()
     port = free_port()
-    proc = start_scheduler(tmp / "s.db", port, tmp / "s.log", lease_ttl=1.0, max_attempts=3,
-                           extra=["--max-queued", "50"])
+    proc = start_scheduler(db, port, tmp / "s.log", lease_ttl=1.0, max_attempts=3, extra=["--max-queued", "50"])
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
         yield http
     proc.stop()

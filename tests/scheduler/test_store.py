@@ -1,4 +1,5 @@
-"""The store's rules, with a fake clock so lease expiry needs no sleeping."""
+"""The store's rules, with a fake clock so lease expiry needs no sleeping, on both backends: SQLite
+and a real PostgreSQL server (tests/scheduler/conftest.py)."""
 
 import threading
 
@@ -8,24 +9,9 @@ from protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTas
 from scheduler.store import Conflict, NotFound, SQLiteStore
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def store(tmp_path, clock):
-    s = SQLiteStore(tmp_path / "s.db", lease_ttl_s=10.0, max_attempts=2, clock=clock)
-    yield s
-    s.close()
+def store(make_store):
+    return make_store(lease_ttl_s=10.0, max_attempts=2)
 
 
 def worker(store, node_id: str | None = None) -> str:
@@ -200,13 +186,12 @@ def test_idempotency_key_replays_and_conflicts(store):
         store.submit(SubmitTask(input={"prompt": "other"}, idempotency_key="k1"))
 
 
-def test_state_survives_reopening(tmp_path, clock):
-    s = SQLiteStore(tmp_path / "d.db", clock=clock)
+def test_state_survives_reopening(make_store):
+    s = make_store()
     t = s.submit(SubmitTask(input={"prompt": "p"}))[0]
     s.close()
-    s2 = SQLiteStore(tmp_path / "d.db", clock=clock)
+    s2 = make_store(location=s.location)  # PostgreSQL: the migrations are not applied twice
     assert s2.get(t.id).status == "queued"
-    s2.close()
 
 
 def test_heartbeat_records_warnings_and_counters(store):
@@ -226,7 +211,7 @@ def test_error_details_are_kept(store):
     assert store.get(t.id).error.details == {"category": "insult"}
 
 
-def test_a_database_from_before_the_worker_columns_is_migrated(tmp_path, clock):
+def test_an_sqlite_database_from_before_the_worker_columns_is_migrated(tmp_path, clock):
     import sqlite3
 
     from scheduler.store import sqlite as store_module
@@ -300,9 +285,8 @@ def test_a_registration_without_a_node_replaces_nothing(store):
     assert [v.status for v in store.workers()] == ["initializing", "initializing"]
 
 
-def test_a_silent_worker_is_lost_and_its_tasks_requeued_before_the_ttl(tmp_path, clock):
-    s = SQLiteStore(tmp_path / "live.db", lease_ttl_s=60.0, max_attempts=3, liveness_s=5.0, retention_s=100.0,
-                    clock=clock)
+def test_a_silent_worker_is_lost_and_its_tasks_requeued_before_the_ttl(make_store, clock):
+    s = make_store(lease_ttl_s=60.0, max_attempts=3, liveness_s=5.0, retention_s=100.0)
     quiet, alive = worker(s), worker(s)
     a, b = submit(s, "a"), submit(s, "b")
     s.claim(quiet, 1)
@@ -318,11 +302,10 @@ def test_a_silent_worker_is_lost_and_its_tasks_requeued_before_the_ttl(tmp_path,
     assert s.get(a.id).status == "queued" and s.get(b.id).status == "leased"  # long before the 60 s TTL
     s.heartbeat(quiet, Heartbeat(status="ready", timestamp=0))  # it comes back: shown as it says
     assert {w.id: w for w in s.workers()}[quiet].status == "ready"
-    s.close()
 
 
-def test_lost_and_replaced_registrations_are_pruned_after_the_retention(tmp_path, clock):
-    s = SQLiteStore(tmp_path / "prune.db", liveness_s=5.0, retention_s=100.0, clock=clock)
+def test_lost_and_replaced_registrations_are_pruned_after_the_retention(make_store, clock):
+    s = make_store(liveness_s=5.0, retention_s=100.0)
     gone = worker(s, "node-a")
     worker(s, "node-a")  # replaces it
     silent = worker(s)
@@ -332,4 +315,3 @@ def test_lost_and_replaced_registrations_are_pruned_after_the_retention(tmp_path
     clock.now += 51
     s.sweep()
     assert gone not in {w.id for w in s.workers()} and silent not in {w.id for w in s.workers()}
-    s.close()

@@ -1,0 +1,148 @@
+"""The store on PostgreSQL (psycopg 3, psycopg_pool): for fleets, with several scheduler processes
+behind a load balancer sharing one database and coordinating through it alone.
+
+- The rules are sql.py's. A claim's inner SELECT takes `FOR UPDATE SKIP LOCKED`, so concurrent
+  claims never wait on, or take, each other's rows; a report locks its task's row.
+- The schema comes from the numbered files in migrations/, applied at start in order under an
+  advisory lock (schedulers starting together apply each once); `schema_migrations` records them.
+- New work is announced with NOTIFY on commit: every scheduler process LISTENs and wakes its own
+  long-polling lease requests (at most as many as the tasks), besides their one-second fallback.
+- Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+from scheduler.store.sql import SQLStore
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "dit_tasks"
+MIGRATIONS_LOCK = 7_305_001  # advisory lock keys, arbitrary but fixed
+MAINTENANCE_LOCK = 7_305_002
+
+
+class _Adapted:
+    """A psycopg connection that takes the shared SQL's `?` placeholders."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, args: tuple = ()):
+        return self._conn.execute(sql.replace("?", "%s"), args)
+
+
+class PostgresStore(SQLStore):
+    TOKEN_SQL = "replace(gen_random_uuid()::text, '-', '')"  # 122 random bits
+    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    LOCK_ROW = " FOR UPDATE"
+    GREATEST = "GREATEST"
+
+    def __init__(self, url: str, pool_size: int = 16, **options: Any) -> None:
+        from psycopg.rows import dict_row
+        from psycopg_pool import ConnectionPool
+
+        super().__init__(**options)
+        self.url = self.location = url
+        self.instance = uuid.uuid4().hex[:12]  # its own NOTIFYs are not news to this process
+        self._pool = ConnectionPool(url, min_size=2, max_size=pool_size, kwargs={"row_factory": dict_row},
+                                    open=False)
+        self._pool.open(wait=True, timeout=30)
+        self._migrate()
+        self._listener: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------ hooks
+
+    @contextmanager
+    def _tx(self) -> Iterator[_Adapted]:
+        with self._pool.connection() as conn, conn.transaction():
+            yield _Adapted(conn)
+
+    def _read(self) -> Any:
+        return _PooledRead(self._pool)
+
+    def _ids(self, ids: list[str]) -> tuple[str, Any]:
+        return "id = ANY(?)", list(ids)
+
+    def _notify(self, db: Any, n: int) -> None:
+        if n > 0:
+            db.execute("SELECT pg_notify(?, ?)", (CHANNEL, f"{self.instance}:{n}"))
+
+    def _maintenance_lock(self, db: Any) -> bool:
+        return db.execute("SELECT pg_try_advisory_xact_lock(?) AS ok", (MAINTENANCE_LOCK,)).fetchone()["ok"]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._pool.close()
+
+    # ------------------------------------------------------------ start-up and wake-ups
+
+    def _migrate(self) -> None:
+        files = sorted((f for f in resources.files("scheduler.store").joinpath("migrations").iterdir()
+                        if f.name.endswith(".sql")), key=lambda f: f.name)
+        with self._tx() as db:
+            db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATIONS_LOCK,))
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+                       " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+            done = {r["version"] for r in db.execute("SELECT version FROM schema_migrations")}
+            for f in files:
+                version = int(f.name.split("_", 1)[0])
+                if version not in done:
+                    log.info("applying migration %s", f.name)
+                    db._conn.execute(f.read_text())
+                    db.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", (version, f.name))
+
+    def listen(self, on_work: Callable[[int], None]) -> None:
+        """Calls on_work(n) when another scheduler process announces n tasks; on a thread of its own."""
+        self._listener = threading.Thread(target=self._listen, args=(on_work,), name="pg-listen", daemon=True)
+        self._listener.start()
+
+    def _listen(self, on_work: Callable[[int], None]) -> None:
+        import psycopg
+
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            sender, _, n = note.payload.partition(":")
+                            if sender != self.instance:
+                                on_work(int(n))
+            except Exception as e:  # the database restarting: listen again; polling covers the gap
+                if not self._stop.is_set():
+                    log.warning("LISTEN %s failed (%s); retrying in 1 s", CHANNEL, e)
+                    self._stop.wait(1.0)
+
+
+class _PooledRead:
+    """A read: one pooled connection per statement, its short transaction ended at once."""
+
+    def __init__(self, pool) -> None:
+        self._pool = pool
+
+    def execute(self, sql: str, args: tuple = ()):
+        with self._pool.connection() as conn:
+            return _Fetched(conn.execute(sql.replace("?", "%s"), args).fetchall())
+
+
+class _Fetched:
+    def __init__(self, rows: list) -> None:
+        self._rows = rows
+
+    def fetchall(self) -> list:
+        return self._rows
+
+    def fetchone(self):
+        return self._rows[0] if self._rows else None
+
+    def __iter__(self):
+        return iter(self._rows)
