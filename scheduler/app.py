@@ -98,8 +98,11 @@ client_auth = _bearer_checker("client_tokens")
 def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.waiters = Waiters()
+        app.state.waiters = waiters = Waiters()
         sweeper = asyncio.create_task(_sweep_forever(app))
+        if listen := getattr(store, "listen", None):  # other scheduler processes' new work (PostgreSQL)
+            loop = asyncio.get_running_loop()
+            listen(lambda n: loop.call_soon_threadsafe(waiters.notify, n))
         yield
         sweeper.cancel()
 
