@@ -29,13 +29,37 @@ ReportStatus = Literal["processing", "succeeded", "failed", "released"]
 # scheduler that stores and serves megabytes (the HTTP body itself is capped too).
 MAX_DEVICES = 4096  # ranks of one worker group
 MAX_IN_FLIGHT = 4096
-Id = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Id = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-]+$")]
 Text = Annotated[str, StringConstraints(max_length=2000)]
+
+
+def _valid_unicode(data: Any) -> Any:
+    """Refuses lone surrogates (JSON's "\ud800" escapes decode to them): no UTF-8 encoding, so no
+    database or JSON answer could hold them."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("text must be valid Unicode (a lone surrogate was sent)") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return data
 
 
 class _Strict(BaseModel):
     # NaN and infinity are refused: they are not JSON, and a 422 that echoed them could not be sent.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        return _valid_unicode(data)
 
 
 # ---------------------------------------------------------------- clients
@@ -63,6 +87,11 @@ class TaskResult(BaseModel):
     """What a worker delivers. Extra keys are kept so newer workers can add fields."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        return _valid_unicode(data)
 
     uri: str = Field(max_length=4096)
     content_type: str = Field(max_length=200)

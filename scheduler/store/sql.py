@@ -176,7 +176,7 @@ class SQLStore:
         with self._tx() as db:
             row = _get(db, task_id, self.LOCK_ROW)
             if (row["status"] not in ("leased", "processing") or row["lease_token"] is None
-                    or not secrets.compare_digest(row["lease_token"], rep.lease_token)
+                    or not secrets.compare_digest(row["lease_token"].encode(), rep.lease_token.encode())
                     or row["worker_id"] != rep.worker_id or row["lease_deadline"] < now):
                 raise Conflict(f"lease on task {task_id} is not held by this token (status {row['status']})")
             if rep.status == "processing":

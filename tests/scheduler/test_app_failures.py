@@ -102,3 +102,14 @@ def test_hostile_input_is_answered_with_4xx_never_5xx(server):
     assert server.post("/v1/workers", json={**REG, "devices": devices}).status_code == 422
     beat = {"status": "ready", "timestamp": 0, "in_flight": [f"t{i}" for i in range(5000)]}
     assert server.post(f"/v1/workers/{wid}/heartbeat", json=beat).status_code == 422
+
+
+def test_text_that_cannot_be_stored_is_422(server):
+    # Found by schemathesis: a non-ASCII lease token made compare_digest raise (500); a lone
+    # surrogate has no UTF-8 form, so neither the database nor a JSON answer could hold it.
+    wid = register(server)
+    odd = server.post("/v1/tasks/x/report", json={"worker_id": wid, "lease_token": "tök", "status": "processing"})
+    assert odd.status_code == 422
+    lone = server.post("/v1/tasks", content=b'{"input": {"prompt": "\\ud83d"}}',
+                       headers={"content-type": "application/json"})
+    assert lone.status_code == 422 and "lone surrogate" in lone.text
