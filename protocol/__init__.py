@@ -13,12 +13,15 @@ from protocol.models import (
     Lease,
     LeaseRequest,
     LeaseResponse,
+    QueueFigures,
     Registered,
     RegistrationStatus,
     RegisterWorker,
     Report,
     ReportStatus,
+    SubmitBatch,
     SubmitTask,
+    SubmittedBatch,
     TaskList,
     TaskResult,
     TaskStatus,
@@ -28,5 +31,5 @@ from protocol.models import (
 )
 
 __all__ = ["DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
-           "LeaseResponse", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportStatus", "SubmitTask", "TaskList",
+           "LeaseResponse", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
            "TaskResult", "TaskStatus", "TaskView", "WorkerStatus", "WorkerView"]

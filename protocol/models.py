@@ -128,6 +128,32 @@ class TaskList(_Strict):
     tasks: list[TaskView]
 
 
+MAX_BATCH = 1000
+
+
+class SubmitBatch(_Strict):
+    """POST /v1/tasks/batch: up to 1,000 tasks in one call, stored in one transaction."""
+
+    tasks: list[SubmitTask] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class SubmittedBatch(_Strict):
+    tasks: list[TaskView]
+    created: list[bool] = Field(description="false where an idempotency key replayed an earlier task")
+
+
+class QueueFigures(_Strict):
+    """GET /v1/queue: what autoscalers and dashboards need, from one consistent read."""
+
+    queued_by_priority: dict[str, int] = Field(description="priority -> queued tasks")
+    queued: int
+    oldest_queued_age_s: float | None
+    running: int = Field(description="leased or processing")
+    ended_last_s: dict[str, dict[str, int]] = Field(
+        description="window in seconds (60, 300, 900) -> {succeeded, failed}: tasks that ended within it")
+    workers_by_status: dict[str, int]
+
+
 # ---------------------------------------------------------------- workers
 
 

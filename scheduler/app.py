@@ -22,10 +22,13 @@ from protocol import (
     HeartbeatReply,
     LeaseRequest,
     LeaseResponse,
+    QueueFigures,
     Registered,
     RegisterWorker,
     Report,
+    SubmitBatch,
     SubmitTask,
+    SubmittedBatch,
     TaskList,
     TaskStatus,
     TaskView,
@@ -197,6 +200,26 @@ def _client_routes(app: FastAPI) -> None:
         else:
             response.status_code = 200
         return task
+
+    @app.post("/v1/tasks/batch", status_code=201, response_model=SubmittedBatch, tags=["clients"],
+              dependencies=[Depends(client_auth)], responses={409: {}, 429: {}})
+    async def submit_batch(body: SubmitBatch) -> SubmittedBatch:
+        """Many tasks in one call and one transaction: all are stored, or none."""
+        if await run_in_threadpool(store.queued_count) + len(body.tasks) > app.state.settings.max_queued:
+            raise HTTPException(429, "queue is full", headers={
+                "Retry-After": str(app.state.settings.retry_after_s)})
+        try:
+            out = await run_in_threadpool(store.submit_many, body.tasks)
+        except Conflict as e:
+            raise HTTPException(409, str(e)) from e
+        app.state.waiters.notify(sum(created for _, created in out))
+        return SubmittedBatch(tasks=[t for t, _ in out], created=[c for _, c in out])
+
+    @app.get("/v1/queue", response_model=QueueFigures, tags=["clients"], dependencies=[Depends(client_auth)])
+    async def queue_figures() -> QueueFigures:
+        """Depth per priority, the oldest queued task's age, tasks ended in the last 1, 5 and 15
+        minutes, workers by status: for autoscalers and dashboards."""
+        return await run_in_threadpool(store.figures)
 
     @app.get("/v1/tasks/{task_id}", response_model=TaskView, tags=["clients"],
              dependencies=[Depends(client_auth)], responses={404: {}})

@@ -7,7 +7,17 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from protocol import Heartbeat, HeartbeatReply, Lease, RegisterWorker, Report, SubmitTask, TaskView, WorkerView
+from protocol import (
+    Heartbeat,
+    HeartbeatReply,
+    Lease,
+    QueueFigures,
+    RegisterWorker,
+    Report,
+    SubmitTask,
+    TaskView,
+    WorkerView,
+)
 
 
 class NotFound(Exception):
@@ -28,11 +38,16 @@ class Store(Protocol):
     def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
         """(task, created). A repeated idempotency key returns the first task."""
 
+    def submit_many(self, reqs: list[SubmitTask]) -> list[tuple[TaskView, bool]]:
+        """All in one transaction, or none."""
+
     def get(self, task_id: str) -> TaskView: ...
 
     def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]: ...
 
     def queued_count(self) -> int: ...
+
+    def figures(self) -> QueueFigures: ...
 
     def register(self, req: RegisterWorker) -> tuple[str, int]:
         """(worker id, tasks requeued from the node's earlier registrations)."""

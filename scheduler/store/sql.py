@@ -27,6 +27,7 @@ from protocol import (
     Heartbeat,
     HeartbeatReply,
     Lease,
+    QueueFigures,
     RegisterWorker,
     Report,
     SubmitTask,
@@ -80,21 +81,31 @@ class SQLStore:
 
     def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
         """Returns (task, created). A repeated idempotency key returns the first task."""
+        [(view, created)] = self.submit_many([req])
+        return view, created
+
+    def submit_many(self, reqs: list[SubmitTask]) -> list[tuple[TaskView, bool]]:
+        """Every task in one transaction: all are stored, or none (a Conflict names the key)."""
         now = self._clock()
-        body = json.dumps(req.input, sort_keys=True)
+        out = []
         with self._tx() as db:
-            if req.idempotency_key is not None:
-                row = db.execute("SELECT * FROM tasks WHERE idempotency_key = ?", (req.idempotency_key,)).fetchone()
-                if row is not None:
-                    if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
-                        raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
-                    return task_view(row), False
-            row = db.execute(
-                "INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
-                (uuid.uuid4().hex, req.idempotency_key, body, req.priority, req.max_attempts or self.max_attempts,
-                 now, now)).fetchone()
-            self._notify(db, 1)
+            for req in reqs:
+                out.append(self._insert(db, req, now))
+            self._notify(db, sum(created for _, created in out))
+        return out
+
+    def _insert(self, db: Any, req: SubmitTask, now: float) -> tuple[TaskView, bool]:
+        if req.idempotency_key is not None:
+            row = db.execute("SELECT * FROM tasks WHERE idempotency_key = ?", (req.idempotency_key,)).fetchone()
+            if row is not None:
+                if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
+                    raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
+                return task_view(row), False
+        row = db.execute(
+            "INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts,"
+            " created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
+            (uuid.uuid4().hex, req.idempotency_key, json.dumps(req.input, sort_keys=True), req.priority,
+             req.max_attempts or self.max_attempts, now, now)).fetchone()
         return task_view(row), True
 
     def get(self, task_id: str) -> TaskView:
@@ -110,6 +121,23 @@ class SQLStore:
 
     def queued_count(self) -> int:
         return self._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE status = 'queued'").fetchone()["n"]
+
+    def figures(self) -> QueueFigures:
+        now = self._clock()
+        db = self._read()
+        by_priority = {str(r["priority"]): r["n"] for r in db.execute(
+            "SELECT priority, COUNT(*) AS n FROM tasks WHERE status = 'queued' GROUP BY priority")}
+        oldest = db.execute("SELECT MIN(created_at) AS t FROM tasks WHERE status = 'queued'").fetchone()["t"]
+        running = db.execute(f"SELECT COUNT(*) AS n FROM tasks WHERE {HELD}").fetchone()["n"]
+        ended = {}
+        for window in (60, 300, 900):
+            counts = {r["status"]: r["n"] for r in db.execute(
+                "SELECT status, COUNT(*) AS n FROM tasks WHERE finished_at >= ? GROUP BY status", (now - window,))}
+            ended[str(window)] = {"succeeded": counts.get("succeeded", 0), "failed": counts.get("failed", 0)}
+        workers = {r["status"]: r["n"] for r in db.execute("SELECT status, COUNT(*) AS n FROM workers GROUP BY status")}
+        return QueueFigures(queued_by_priority=by_priority, queued=sum(by_priority.values()),
+                            oldest_queued_age_s=None if oldest is None else round(now - oldest, 3), running=running,
+                            ended_last_s=ended, workers_by_status=workers)
 
     # ------------------------------------------------------------ workers
 

@@ -57,7 +57,8 @@ MIGRATIONS = {
                 "node_id": "TEXT"},
 }
 INDEXES = ["CREATE INDEX IF NOT EXISTS workers_node ON workers (node_id)",
-           "CREATE INDEX IF NOT EXISTS tasks_worker ON tasks (worker_id, status)"]
+           "CREATE INDEX IF NOT EXISTS tasks_worker ON tasks (worker_id, status)",
+           "CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at) WHERE finished_at IS NOT NULL"]
 
 
 class SQLiteStore(SQLStore):

@@ -71,3 +71,25 @@ def test_full_lifecycle(server):
 def test_openapi_is_served(server):
     paths = server.get("/openapi.json").json()["paths"]
     assert {"/v1/tasks", "/v1/workers/{worker_id}/lease", "/v1/tasks/{task_id}/report"} <= set(paths)
+
+
+def test_a_batch_is_stored_in_one_call_and_the_queue_figures_follow(server):
+    wid = register(server)
+    drain(server, wid)
+    batch = [{"input": {"prompt": f"b{i}"}, "priority": i % 2} for i in range(10)]
+    resp = server.post("/v1/tasks/batch", json={"tasks": batch + [{"input": {"prompt": "k"}, "idempotency_key": "kb"}]})
+    assert resp.status_code == 201 and len(resp.json()["tasks"]) == 11 and all(resp.json()["created"])
+    again = server.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "k"}, "idempotency_key": "kb"}]})
+    assert again.json()["created"] == [False]
+    figures = server.get("/v1/queue").json()
+    assert figures["queued"] == 11 and figures["queued_by_priority"] == {"0": 6, "1": 5}
+    assert figures["oldest_queued_age_s"] >= 0 and figures["workers_by_status"]["initializing"] >= 1
+    leases = server.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1}).json()["leases"]
+    server.post(f"/v1/tasks/{leases[0]['task_id']}/report", json={
+        "worker_id": wid, "lease_token": leases[0]["lease_token"], "status": "failed",
+        "error": {"code": "x", "message": "m", "retryable": False}})
+    figures = server.get("/v1/queue").json()
+    assert figures["queued"] == 10 and figures["ended_last_s"]["60"]["failed"] >= 1
+    assert server.post("/v1/tasks/batch", json={"tasks": []}).status_code == 422
+    assert server.post("/v1/tasks/batch", json={"tasks": [{"input": {}}] * 1001}).status_code == 422
+    drain(server, wid)
