@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test bench bench-mixed bench-safety bench-post scheduler node clean
+.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-scheduler scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,10 @@ models/tiny-flux/model_index.json:
 # Milliseconds each safety check adds per prompt / image (random-weight real architectures).
 bench-safety: install
 	$(PY) -m tools.safety_bench --out $(BENCH_OUT)/safety.json
+
+# The scheduler under 500 simulated workers: SQLite, PostgreSQL with 1 and 2 scheduler processes.
+bench-scheduler: install
+	$(PY) -m tools.scheduler_bench --out $(BENCH_OUT)/scheduler.json
 
 # What rank 0's post stage (image check, encode, store) carries per core at 1360x768.
 bench-post: install

@@ -7,10 +7,12 @@ A kill must reach every descendant, because torchrun starts each rank in a sessi
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -178,3 +180,50 @@ class Client:
             return wait_until(done, timeout, f"{len(task_ids)} task(s)", proc)
         except TimeoutError:
             raise TimeoutError(f"tasks not done after {timeout}s: {({t: v['status'] for t, v in seen.items()})}") from None
+
+
+class Postgres:
+    """A real PostgreSQL server (Debian's package; its programs are off PATH) on 127.0.0.1, in a
+    temporary folder, for the tests and the scheduler benchmark. It refuses to run as root, so as
+    root it runs as `postgres`. fsync is off: they need its semantics, not its durability."""
+
+    def __init__(self, log_dir: Path) -> None:
+        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+        if not bins:
+            raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
+        self.bin = bins[-1].parent
+        # Its own folder directly under /tmp: the postgres user cannot enter pytest's private folders.
+        self.root = root = Path(tempfile.mkdtemp(prefix="dit-pg-"))
+        self.port = free_port()
+        as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if as_user:
+            shutil.chown(root, "postgres")
+        subprocess.run([*as_user, str(self.bin / "initdb"), "-D", str(root / "data"), "-A", "trust", "-U", "dit",
+                        "--no-sync", "-E", "UTF8"], check=True, capture_output=True)
+        self.proc = Proc([*as_user, str(self.bin / "postgres"), "-D", str(root / "data"), "-k", str(root),
+                          "-h", "127.0.0.1", "-p", str(self.port), "-c", "fsync=off", "-c", "synchronous_commit=off",
+                          "-c", "full_page_writes=off", "-c", "max_connections=300"], log_dir / "postgres.log")
+        wait_until(self._ready, 30, "PostgreSQL", self.proc, every_s=0.1)
+        self._made = 0
+
+    def _ready(self) -> bool:
+        return subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                              capture_output=True).returncode == 0
+
+    def url(self, db: str = "postgres") -> str:
+        return f"postgresql://dit@127.0.0.1:{self.port}/{db}"
+
+    def fresh(self) -> str:
+        """A new, empty database's URL."""
+        import psycopg
+
+        self._made += 1
+        name = f"t{self._made}_{os.getpid()}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def stop(self) -> None:
+        if self.proc.alive():
+            self.proc.stop(10)
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -9,6 +9,8 @@ import os
 import socket
 import sys
 
+from importlib.metadata import entry_points
+
 import uvicorn
 
 from scheduler.app import Settings, create_app
@@ -49,7 +51,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+PLUGINS = "dit_scheduler.commands"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Tools add commands (this repository's: `bench`) as entry points; the scheduler never imports them.
+    plugins = {ep.name: ep for ep in entry_points(group=PLUGINS)}
+    if argv and argv[0] in plugins:
+        return plugins[argv[0]].load()(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(worker_tokens=_tokens(args.worker_tokens_env),

@@ -58,7 +58,7 @@ def make_stack(tmp_path, tiny_model):
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory):
     """A real PostgreSQL server for the session; `postgres.fresh()` makes an empty database."""
-    from tests.harness import Postgres
+    from launch.local import Postgres
 
     pg = Postgres(tmp_path_factory.mktemp("postgres"))
     yield pg
