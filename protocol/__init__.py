@@ -18,11 +18,15 @@ from protocol.models import (
     RegistrationStatus,
     RegisterWorker,
     Report,
+    ReportBatch,
+    ReportOutcome,
+    ReportOutcomes,
     ReportStatus,
     SubmitBatch,
     SubmitTask,
     SubmittedBatch,
     TaskList,
+    TaskReport,
     TaskResult,
     TaskStatus,
     TaskView,
@@ -31,5 +35,5 @@ from protocol.models import (
 )
 
 __all__ = ["DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
-           "LeaseResponse", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
-           "TaskResult", "TaskStatus", "TaskView", "WorkerStatus", "WorkerView"]
+           "LeaseResponse", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
+           "TaskReport", "TaskResult", "TaskStatus", "TaskView", "WorkerStatus", "WorkerView"]

@@ -244,3 +244,27 @@ class Report(_Strict):
         if self.status != "succeeded" and self.result is not None:
             raise ValueError(f"status {self.status!r} cannot carry a result")
         return self
+
+
+class TaskReport(Report):
+    """One report of a batch: the task it is about, and the report."""
+
+    task_id: Id
+
+
+class ReportBatch(_Strict):
+    """POST /v1/reports: several tasks' reports in one call (e.g. a round's), applied in one
+    transaction, each on its own: one refused report does not refuse the others."""
+
+    reports: list[TaskReport] = Field(min_length=1, max_length=256)
+
+
+class ReportOutcome(_Strict):
+    task_id: str
+    status_code: int = Field(description="what POST /v1/tasks/{id}/report would answer: 200, 404 or 409")
+    task: TaskView | None = None
+    detail: str | None = None
+
+
+class ReportOutcomes(_Strict):
+    results: list[ReportOutcome]

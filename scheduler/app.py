@@ -26,6 +26,9 @@ from protocol import (
     Registered,
     RegisterWorker,
     Report,
+    ReportBatch,
+    ReportOutcome,
+    ReportOutcomes,
     SubmitBatch,
     SubmitTask,
     SubmittedBatch,
@@ -48,12 +51,15 @@ class Settings:
     max_body_bytes: int = 1 << 20  # 413 beyond: a task's input is a prompt and a few numbers
     sweep_interval_s: float = 1.0
     retry_after_s: int = 5
+    # A waiting lease request looks again this often without a wake-up: the fallback for a missed
+    # NOTIFY. Wake-ups (local, or NOTIFY from other processes) make new work visible at once.
+    poll_s: float = 5.0
 
 
 class Waiters:
     """Long-polling lease requests, in arrival order. Work that appears wakes at most as many of
-    them as it can serve (no thundering herd); each also looks again every second, which covers
-    work another scheduler process added."""
+    them as it can serve (no thundering herd); each also looks again every `poll_s`, in case a
+    wake-up from another scheduler process was missed."""
 
     def __init__(self) -> None:
         self._queue: deque[asyncio.Future] = deque()
@@ -267,7 +273,7 @@ def _worker_routes(app: FastAPI) -> None:
                 left = end - time.monotonic()
                 if got or left <= 0:
                     break
-                await asyncio.wait({woken}, timeout=min(left, 1.0))
+                await asyncio.wait({woken}, timeout=min(left, app.state.settings.poll_s))
             except NotFound as e:
                 raise HTTPException(404, str(e)) from e
             finally:
@@ -283,6 +289,23 @@ def _worker_routes(app: FastAPI) -> None:
             return await run_in_threadpool(store.heartbeat, worker_id, body)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
+
+    @app.post("/v1/reports", response_model=ReportOutcomes, tags=["workers"], dependencies=auth)
+    async def report_batch(body: ReportBatch) -> ReportOutcomes:
+        """Several tasks' reports in one call and one transaction, each applied on its own: the
+        answer holds, per report, the status code its single call would have had."""
+        items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in body.reports]
+        outcomes = await run_in_threadpool(store.report_many, items)
+        results = []
+        for (task_id, _), out in zip(items, outcomes):
+            if isinstance(out, TaskView):
+                results.append(ReportOutcome(task_id=task_id, status_code=200, task=out))
+            else:
+                results.append(ReportOutcome(task_id=task_id, status_code=404 if isinstance(out, NotFound) else 409,
+                                             detail=str(out)))
+        if requeued := sum(r.task is not None and r.task.status == "queued" for r in results):
+            app.state.waiters.notify(requeued)
+        return ReportOutcomes(results=results)
 
     @app.post("/v1/tasks/{task_id}/report", response_model=TaskView, tags=["workers"],
               dependencies=auth, responses={404: {}, 409: {"description": "stale lease token"}})

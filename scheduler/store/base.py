@@ -61,6 +61,9 @@ class Store(Protocol):
 
     def report(self, task_id: str, rep: Report) -> TaskView: ...
 
+    def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
+        """One transaction; each report applied on its own, a refused one returned as its error."""
+
     def sweep(self) -> int:
         """Requeues (or fails) tasks whose lease expired; the number of tasks it moved."""
 

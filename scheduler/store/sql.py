@@ -165,6 +165,9 @@ class SQLStore:
         a report also needs the worker's id and bearer token)."""
         now = self._clock()
         deadline = leases.deadline(now, self.lease_ttl_s)
+        if self._read().execute("SELECT 1 AS one FROM tasks WHERE status = 'queued' LIMIT 1").fetchone() is None:
+            _require_worker(self._read(), worker_id)
+            return []  # an empty queue costs a read, not a write transaction
         with self._tx() as db:
             _require_worker(db, worker_id)
             rows = db.execute(
@@ -200,34 +203,50 @@ class SQLStore:
 
     def report(self, task_id: str, rep: Report) -> TaskView:
         """Applies a worker's report if, and only if, it carries the task's current, unexpired lease."""
-        now = self._clock()
         with self._tx() as db:
-            row = _get(db, task_id, self.LOCK_ROW)
-            if (row["status"] not in ("leased", "processing") or row["lease_token"] is None
-                    or not secrets.compare_digest(row["lease_token"].encode(), rep.lease_token.encode())
-                    or row["worker_id"] != rep.worker_id or row["lease_deadline"] < now):
-                raise Conflict(f"lease on task {task_id} is not held by this token (status {row['status']})")
-            if rep.status == "processing":
-                row = db.execute("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
-                                 " started_at = COALESCE(started_at, ?) WHERE id = ? RETURNING *",
-                                 (leases.deadline(now, self.lease_ttl_s), now, now, task_id)).fetchone()
-            elif rep.status == "released":
-                # Leased but never started (the worker is going down): back in the queue, and the
-                # attempt does not count. The last error, if any, is kept.
-                row = db.execute(f"UPDATE tasks SET status = 'queued', attempts = {self.GREATEST}(attempts - 1, 0),"
-                                 " lease_token = NULL, lease_deadline = NULL, updated_at = ? WHERE id = ? RETURNING *",
-                                 (now, task_id)).fetchone()
-            elif rep.status == "succeeded":
-                row = db.execute("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
-                                 " lease_deadline = NULL, updated_at = ?, finished_at = ? WHERE id = ? RETURNING *",
-                                 (rep.result.model_dump_json(), now, now, task_id)).fetchone()
-            else:
-                error = rep.error.model_copy(update={"worker_id": rep.worker_id})
-                nxt = leases.after_failure(error.retryable, row["attempts"], row["max_attempts"])
-                row = self._release(db, task_id, nxt, error, now)
-            if row["status"] == "queued":
-                self._notify(db, 1)
+            row = self._apply(db, task_id, rep, self._clock())
         return task_view(row)
+
+    def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
+        """Several reports in one transaction, each on its own: a refused one (NotFound, Conflict,
+        returned in its place) changes nothing and does not stop the others."""
+        now = self._clock()
+        out: list[TaskView | NotFound | Conflict] = []
+        with self._tx() as db:
+            for task_id, rep in items:
+                try:
+                    out.append(task_view(self._apply(db, task_id, rep, now)))
+                except (NotFound, Conflict) as e:  # raised before anything is written
+                    out.append(e)
+        return out
+
+    def _apply(self, db: Any, task_id: str, rep: Report, now: float) -> Any:
+        row = _get(db, task_id, self.LOCK_ROW)
+        if (row["status"] not in ("leased", "processing") or row["lease_token"] is None
+                or not secrets.compare_digest(row["lease_token"].encode(), rep.lease_token.encode())
+                or row["worker_id"] != rep.worker_id or row["lease_deadline"] < now):
+            raise Conflict(f"lease on task {task_id} is not held by this token (status {row['status']})")
+        if rep.status == "processing":
+            row = db.execute("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
+                             " started_at = COALESCE(started_at, ?) WHERE id = ? RETURNING *",
+                             (leases.deadline(now, self.lease_ttl_s), now, now, task_id)).fetchone()
+        elif rep.status == "released":
+            # Leased but never started (the worker is going down): back in the queue, and the
+            # attempt does not count. The last error, if any, is kept.
+            row = db.execute(f"UPDATE tasks SET status = 'queued', attempts = {self.GREATEST}(attempts - 1, 0),"
+                             " lease_token = NULL, lease_deadline = NULL, updated_at = ? WHERE id = ? RETURNING *",
+                             (now, task_id)).fetchone()
+        elif rep.status == "succeeded":
+            row = db.execute("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
+                             " lease_deadline = NULL, updated_at = ?, finished_at = ? WHERE id = ? RETURNING *",
+                             (rep.result.model_dump_json(), now, now, task_id)).fetchone()
+        else:
+            error = rep.error.model_copy(update={"worker_id": rep.worker_id})
+            nxt = leases.after_failure(error.retryable, row["attempts"], row["max_attempts"])
+            row = self._release(db, task_id, nxt, error, now)
+        if row["status"] == "queued":
+            self._notify(db, 1)
+        return row
 
     # ------------------------------------------------------------ maintenance
 

@@ -93,3 +93,25 @@ def test_a_batch_is_stored_in_one_call_and_the_queue_figures_follow(server):
     assert server.post("/v1/tasks/batch", json={"tasks": []}).status_code == 422
     assert server.post("/v1/tasks/batch", json={"tasks": [{"input": {}}] * 1001}).status_code == 422
     drain(server, wid)
+
+
+def test_reports_travel_together_each_applied_on_its_own(server):
+    wid = register(server)
+    drain(server, wid)
+    server.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": f"r{i}"}} for i in range(3)]})
+    leases = server.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 3}).json()["leases"]
+    assert len(leases) == 3
+    items = [{"task_id": le["task_id"], "worker_id": wid, "lease_token": le["lease_token"], "status": "processing"}
+             for le in leases]
+    items[1] = {**items[1], "lease_token": "stale"}
+    items.append({"task_id": "nosuchtask", "worker_id": wid, "lease_token": "t", "status": "processing"})
+    results = server.post("/v1/reports", json={"reports": items}).json()["results"]
+    assert [r["status_code"] for r in results] == [200, 409, 200, 404]
+    assert results[0]["task"]["status"] == "processing" and "not held" in results[1]["detail"]
+    assert server.get(f"/v1/tasks/{leases[1]['task_id']}").json()["status"] == "leased"  # the refused one: unchanged
+    done = [{"task_id": le["task_id"], "worker_id": wid, "lease_token": le["lease_token"], "status": "succeeded",
+             "result": {"uri": "file:///x.png", "content_type": "image/png", "width": 16, "height": 16, "seed": 1,
+                        "bytes": 1, "sha256": "0"}} for le in leases]
+    results = server.post("/v1/reports", json={"reports": done}).json()["results"]
+    assert [r["task"]["status"] for r in results] == ["succeeded"] * 3
+    assert server.post("/v1/reports", json={"reports": []}).status_code == 422
