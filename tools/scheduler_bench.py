@@ -2,12 +2,12 @@
 speaking the real protocol over loopback, for each backend side by side in one run: SQLite, and
 PostgreSQL with one and with two scheduler processes (the workers split between them).
 
-Each worker registers, then loops: lease (up to --lease-max tasks, long poll), report `processing`
-and `succeeded` for each task: one call per report with --lease-max 1 (a rank taking one task at a
-time), or all of a lease's reports in one POST /v1/reports call per status (a node's round). A submitter sends the tasks in batches of 100 meanwhile. A task
-lifecycle is submit -> lease -> processing -> succeeded; lifecycles/s is tasks / (last success -
-first submit). Lease latency counts the lease calls made while work was queued (more tasks submitted
-than leased when the call started), so long polls on an empty queue do not count.
+Every worker registers; then the tasks are submitted in batches of 100 (submits/s is measured on its
+own); then the workers start, each looping: lease (up to --lease-max tasks, long poll), report
+`processing` and `succeeded` for each task: one call per report with --lease-max 1 (a rank taking one
+task at a time), or all of a lease's reports in one POST /v1/reports call per status (a node's round).
+lifecycles/s is tasks / (last success - start), every task going lease -> processing -> succeeded
+while work is queued; lease latency is that of the calls that returned work.
 Prints a table and writes JSON to --out. PostgreSQL runs as a real server started for the run.
 """
 
@@ -36,74 +36,61 @@ async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int) ->
     # A client (one connection) per simulated worker, as real workers have: one AsyncClient shared by
     # hundreds of concurrent requests spends its time in its own pool (~280 requests/s here).
     clients = [httpx.AsyncClient(base_url=urls[n % len(urls)], timeout=60) for n in range(workers)]
-    submit_client = httpx.AsyncClient(base_url=urls[0], timeout=60)
     lease_ms: list[float] = []
-    done = asyncio.Event()
-    finished = submitted = leased = 0
-    t0 = time.perf_counter()
-    last = t0
+    go, done = asyncio.Event(), asyncio.Event()
+    finished = 0
+    last = 0.0
 
-    async def worker(n: int) -> None:
-        nonlocal finished, last, leased
-        http = clients[n]
-        wid = (await http.post("/v1/workers", json=REG)).json()["worker_id"]
+    async def worker(http: httpx.AsyncClient, wid: str) -> None:
+        nonlocal finished, last
+        await go.wait()
         while not done.is_set():
             t = time.perf_counter()
-            queued = submitted > leased
-            resp = await http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": lease_max, "wait_s": 1.0})
+            resp = await http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": lease_max, "wait_s": 10.0})
             if resp.status_code != 200:
                 continue
-            if queued:
-                lease_ms.append((time.perf_counter() - t) * 1e3)
-            leases = resp.json()["leases"]
-            leased += len(leases)
-            if len(leases) > 1 or lease_max > 1:
-                ok = await batched(http, wid, leases)  # not `finished += await ...`: that would read
-                finished += ok  # `finished` before the await and lose other workers' additions
-                last = time.perf_counter()
-                if finished >= tasks:
-                    done.set()
-                continue
-            for lease in leases:
-                body = {"worker_id": wid, "lease_token": lease["lease_token"]}
-                await http.post(f"/v1/tasks/{lease['task_id']}/report", json={**body, "status": "processing"})
-                ok = await http.post(f"/v1/tasks/{lease['task_id']}/report",
-                                     json={**body, "status": "succeeded", "result": RESULT})
-                if ok.status_code == 200:
-                    finished += 1
-                    last = time.perf_counter()
-                    if finished >= tasks:
-                        done.set()
+            lease_ms.append((time.perf_counter() - t) * 1e3)
+            ok = await report(http, wid, resp.json()["leases"])  # not `finished += await ...`: that reads
+            finished += ok  # `finished` before the await and loses other workers' additions
+            last = time.perf_counter()
+            if finished >= tasks:
+                done.set()
 
-    async def batched(http: httpx.AsyncClient, wid: str, leases: list[dict]) -> int:
+    async def report(http: httpx.AsyncClient, wid: str, leases: list[dict]) -> int:
+        if lease_max == 1:  # one call per report
+            ok = 0
+            for le in leases:
+                body = {"worker_id": wid, "lease_token": le["lease_token"]}
+                await http.post(f"/v1/tasks/{le['task_id']}/report", json={**body, "status": "processing"})
+                resp = await http.post(f"/v1/tasks/{le['task_id']}/report",
+                                       json={**body, "status": "succeeded", "result": RESULT})
+                ok += resp.status_code == 200
+            return ok
         for status, extra in (("processing", {}), ("succeeded", {"result": RESULT})):
             resp = await http.post("/v1/reports", json={"reports": [
                 {"task_id": le["task_id"], "worker_id": wid, "lease_token": le["lease_token"], "status": status,
                  **extra} for le in leases]})
         return sum(r["status_code"] == 200 for r in resp.json()["results"])
 
-    async def submitter() -> None:
-        nonlocal submitted
-        for start in range(0, tasks, 100):
-            batch = [{"input": {"prompt": f"bench {i}"}} for i in range(start, min(tasks, start + 100))]
-            resp = await submit_client.post("/v1/tasks/batch", json={"tasks": batch})
-            resp.raise_for_status()
-            submitted += len(batch)
-
-    runners = [asyncio.create_task(worker(n)) for n in range(workers)]
-    await asyncio.sleep(0.5)  # registered and long-polling before the first task arrives
+    ids = await asyncio.gather(*[c.post("/v1/workers", json=REG) for c in clients])
+    runners = [asyncio.create_task(worker(c, r.json()["worker_id"])) for c, r in zip(clients, ids)]
+    t_submit = time.perf_counter()
+    for start in range(0, tasks, 100):
+        batch = [{"input": {"prompt": f"bench {i}"}} for i in range(start, min(tasks, start + 100))]
+        (await clients[0].post("/v1/tasks/batch", json={"tasks": batch})).raise_for_status()
+    submit_s = time.perf_counter() - t_submit
     t0 = time.perf_counter()
-    await submitter()
+    go.set()
     await asyncio.wait_for(done.wait(), timeout=600)
     for r in runners:
         r.cancel()
     await asyncio.gather(*runners, return_exceptions=True)
-    for c in [*clients, submit_client]:
+    for c in clients:
         await c.aclose()
     seconds = last - t0
     lease_ms.sort()
     return {"tasks": tasks, "seconds": round(seconds, 3), "lifecycles_per_s": round(tasks / seconds, 1),
-            "lease_p50_ms": round(statistics.median(lease_ms), 2),
+            "submits_per_s": round(tasks / submit_s, 1), "lease_p50_ms": round(statistics.median(lease_ms), 2),
             "lease_p99_ms": round(lease_ms[int(0.99 * (len(lease_ms) - 1))], 2), "leases": len(lease_ms)}
 
 
@@ -141,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in backends:
                 report["backends"][name] = row = run_backend(name, args, work, pg)
                 print(f"{name:12s} {row['lifecycles_per_s']:8.1f} lifecycles/s  lease p50 {row['lease_p50_ms']:7.1f} ms"
-                      f"  p99 {row['lease_p99_ms']:7.1f} ms  ({row['tasks']} tasks, {args.workers} workers)", flush=True)
+                      f"  p99 {row['lease_p99_ms']:7.1f} ms  submits {row['submits_per_s']:7.1f}/s"
+                      f"  ({row['tasks']} tasks, {args.workers} workers)", flush=True)
         finally:
             if pg:
                 pg.stop()

@@ -165,11 +165,15 @@ class SQLStore:
         a report also needs the worker's id and bearer token)."""
         now = self._clock()
         deadline = leases.deadline(now, self.lease_ttl_s)
-        if self._read().execute("SELECT 1 AS one FROM tasks WHERE status = 'queued' LIMIT 1").fetchone() is None:
-            _require_worker(self._read(), worker_id)
-            return []  # an empty queue costs a read, not a write transaction
+        # One read first: an empty queue costs no write transaction, and an unknown worker is a 404.
+        seen = self._read().execute(
+            "SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued') AS work,"
+            " EXISTS (SELECT 1 FROM workers WHERE id = ?) AS known", (worker_id,)).fetchone()
+        if not seen["known"]:
+            raise NotFound(f"no worker {worker_id}; register first")
+        if not seen["work"]:
+            return []
         with self._tx() as db:
-            _require_worker(db, worker_id)
             rows = db.execute(
                 f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
                 f" lease_token = {self.TOKEN_SQL}, lease_deadline = ?, updated_at = ?"
