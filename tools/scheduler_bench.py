@@ -7,7 +7,9 @@ own); then the workers start, each looping: lease (up to --lease-max tasks, long
 `processing` and `succeeded` for each task: one call per report with --lease-max 1 (a rank taking one
 task at a time), or all of a lease's reports in one POST /v1/reports call per status (a node's round).
 lifecycles/s is tasks / (last success - start), every task going lease -> processing -> succeeded
-while work is queued; lease latency is that of the calls that returned work.
+while work is queued; lease latency is that of the calls that returned work. With --work-s each
+worker spends that long per task between `processing` and `succeeded`, like a GPU (0.4 s: one H100
+at about 2.5 images/s): an open load instead of workers that do nothing but call the scheduler.
 Prints a table and writes JSON to --out. PostgreSQL runs as a real server started for the run.
 """
 
@@ -32,7 +34,7 @@ RESULT = {"uri": "file:///bench.png", "content_type": "image/png", "width": 16, 
           "bytes": 1, "sha256": "0"}
 
 
-async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int) -> dict:
+async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int, work_s: float = 0.0) -> dict:
     # A client (one connection) per simulated worker, as real workers have: one AsyncClient shared by
     # hundreds of concurrent requests spends its time in its own pool (~280 requests/s here).
     clients = [httpx.AsyncClient(base_url=urls[n % len(urls)], timeout=60) for n in range(workers)]
@@ -62,11 +64,14 @@ async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int) ->
             for le in leases:
                 body = {"worker_id": wid, "lease_token": le["lease_token"]}
                 await http.post(f"/v1/tasks/{le['task_id']}/report", json={**body, "status": "processing"})
+                await asyncio.sleep(work_s)
                 resp = await http.post(f"/v1/tasks/{le['task_id']}/report",
                                        json={**body, "status": "succeeded", "result": RESULT})
                 ok += resp.status_code == 200
             return ok
         for status, extra in (("processing", {}), ("succeeded", {"result": RESULT})):
+            if status == "succeeded" and work_s:
+                await asyncio.sleep(work_s * len(leases))
             resp = await http.post("/v1/reports", json={"reports": [
                 {"task_id": le["task_id"], "worker_id": wid, "lease_token": le["lease_token"], "status": status,
                  **extra} for le in leases]})
@@ -103,7 +108,7 @@ def run_backend(name: str, args, work: Path, pg: Postgres | None) -> dict:
                                      extra=["--max-queued", str(args.tasks + 1), "--log-level", "WARNING"]))
         urls.append(f"http://127.0.0.1:{port}")
     try:
-        return asyncio.run(simulate(urls, args.workers, args.tasks, args.lease_max))
+        return asyncio.run(simulate(urls, args.workers, args.tasks, args.lease_max, args.work_s))
     finally:
         for p in procs:
             p.stop()
@@ -116,11 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=5000)
     p.add_argument("--lease-max", type=int, default=1, help="max_tasks per lease call (a GPU rank takes 1)")
     p.add_argument("--backends", default="sqlite,postgres,postgres-2")
+    p.add_argument("--work-s", type=float, default=0.0, help="simulated GPU time per task; 0: none")
     p.add_argument("--out", type=Path, default=Path("var/bench/scheduler.json"))
     args = p.parse_args(argv)
     backends = args.backends.split(",")
     report = {"machine": platform.processor() or platform.machine(), "workers": args.workers, "tasks": args.tasks,
-              "lease_max": args.lease_max, "backends": {}}
+              "lease_max": args.lease_max, "work_s": args.work_s, "backends": {}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         pg = Postgres(work) if any(b.startswith("postgres") for b in backends) else None
