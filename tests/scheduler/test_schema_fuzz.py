@@ -13,7 +13,7 @@ def test_no_generated_input_gets_a_5xx(server, tmp_path):
     run = subprocess.run([str(st), "run", f"{server.base_url}/openapi.json", "--checks", "not_a_server_error",
                           "--max-examples", "40", "--request-timeout", "30", "--generation-deterministic",
                           "--report", "junit", "--report-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)  # its caches stay there
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]  # non-zero on any failure of the check
     assert "generated" in out and "Failures:" not in out, out[-3000:]
