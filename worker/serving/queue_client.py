@@ -17,7 +17,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from tenacity.wait import wait_base
 
 from protocol import (Heartbeat, HeartbeatReply, Lease, LeaseRequest, LeaseResponse, Registered, RegisterWorker,
-                      Report, TaskView)
+                      Report, ReportBatch, ReportOutcome, ReportOutcomes, TaskReport, TaskView)
 from worker.config import QueueConfig
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,12 @@ class QueueClient:
     def report(self, task_id: str, rep: Report, deadline_s: float) -> TaskView:
         return self._retrying(deadline_s, self._call, "POST", f"/v1/tasks/{task_id}/report", rep,
                               TaskView)
+
+    def report_many(self, reports: list[TaskReport], deadline_s: float) -> list[ReportOutcome]:
+        """Several reports in one call; each outcome carries the status code its own call would have
+        had. NotFound: the scheduler has no POST /v1/reports (an older one)."""
+        return self._retrying(deadline_s, self._call, "POST", "/v1/reports", ReportBatch(reports=reports),
+                              ReportOutcomes).results
 
     # ------------------------------------------------------------ plumbing
 

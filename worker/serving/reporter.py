@@ -2,7 +2,8 @@
 task (succeeded, failed or released), delivered in lease order.
 
 A task's post stage runs in a pool and may finish before an earlier task's; `settle` reports them in
-the order they were leased. A final report that cannot be delivered is logged and dropped: the
+the order they were leased, the ones finished together in one call (POST /v1/reports; one call per
+task with a scheduler that lacks it). A final report that cannot be delivered is logged and dropped: the
 lease then expires and the task is retried, and since object names derive from the task id the
 retry cannot leave a second object. Every final report ends the task's lease renewal.
 """
@@ -15,9 +16,9 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
-from protocol import ErrorCode, ErrorEnvelope, Report, TaskResult
+from protocol import ErrorCode, ErrorEnvelope, Report, TaskReport, TaskResult
 from worker.serving.heartbeat import WorkerState
-from worker.serving.queue_client import LeaseLost, QueueClient, QueueError
+from worker.serving.queue_client import LeaseLost, NotFound, QueueClient, QueueError
 from worker.serving.task import Task
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class Reporter:
         self._state = state
         self._deadline_s = deadline_s  # retries of one report; then the lease expiry takes over
         self._pending: deque[tuple[Task, Future]] = deque()  # in post stages, in lease order
+        self._batching = True  # off once the scheduler shows it has no POST /v1/reports
 
     # ------------------------------------------------------------ per task
 
@@ -60,14 +62,25 @@ class Reporter:
         self._send(task, self._report(task, "released"), deadline_s)
 
     def deliver(self, task: Task, settled: Settled) -> None:
-        if settled is None or self._state.is_lost(task):  # a newer attempt reports, or it was failed late
-            self._state.end(task)
-        elif isinstance(settled, ErrorEnvelope):
-            log.info("task %s failed: %s: %s", task.id, settled.code, settled.message)
-            error = settled.model_copy(update={"worker_id": self._worker_id()})
-            self._send(task, self._report(task, "failed", error=error))
+        self.deliver_all([(task, settled)])
+
+    def deliver_all(self, done: list[tuple[Task, Settled]]) -> None:
+        """Final reports of finished tasks, in one call when there are several."""
+        sends = []
+        for task, settled in done:
+            if settled is None or self._state.is_lost(task):  # a newer attempt reports, or it was failed late
+                self._state.end(task)
+            elif isinstance(settled, ErrorEnvelope):
+                log.info("task %s failed: %s: %s", task.id, settled.code, settled.message)
+                error = settled.model_copy(update={"worker_id": self._worker_id()})
+                sends.append((task, self._report(task, "failed", error=error)))
+            else:
+                sends.append((task, self._report(task, "succeeded", result=settled)))
+        if len(sends) > 1 and self._batching:
+            self._send_together(sends)
         else:
-            self._send(task, self._report(task, "succeeded", result=settled))
+            for task, report in sends:
+                self._send(task, report)
 
     # ------------------------------------------------------------ lease order
 
@@ -89,8 +102,11 @@ class Reporter:
                 if not wait([post], timeout=every_s).done:
                     keepalive()
                 continue
-            self._pending.popleft()
-            self.deliver(task, _outcome(task, post))
+            done = []
+            while self._pending and self._pending[0][1].done():  # every finished one at the head
+                task, post = self._pending.popleft()
+                done.append((task, _outcome(task, post)))
+            self.deliver_all(done)
 
     @property
     def pending(self) -> int:
@@ -101,6 +117,41 @@ class Reporter:
     def _report(self, task: Task, status: str, **payload) -> Report:
         return Report(worker_id=self._worker_id(), lease_token=task.lease.lease_token, status=status, **payload)
 
+    def _send_together(self, sends: list[tuple[Task, Report]]) -> None:
+        t0 = time.perf_counter()
+        try:
+            outcomes = self._client.report_many([TaskReport(task_id=t.id, **r.model_dump()) for t, r in sends],
+                                                deadline_s=self._deadline_s)
+        except NotFound:  # an older scheduler: one call per report from now on
+            log.info("the scheduler has no POST /v1/reports; reporting one task per call")
+            self._batching = False
+            for task, report in sends:
+                self._send(task, report)
+            return
+        except QueueError as e:
+            log.error("%d report(s) undeliverable, leases will expire: %s", len(sends), e)
+            for task, _ in sends:
+                self._state.end(task)
+            return
+        share_us = int((time.perf_counter() - t0) * 1e6 / len(sends))
+        for (task, report), out in zip(sends, outcomes):
+            try:
+                if out.status_code == 409:
+                    log.warning("task %s: lease lost, result not reported: %s", task.id, out.detail)
+                elif out.status_code != 200:
+                    log.error("task %s: report refused (%d): %s", task.id, out.status_code, out.detail)
+                else:
+                    self._delivered(task, report, share_us)
+            finally:
+                self._state.end(task)
+
+    def _delivered(self, task: Task, rep: Report, elapsed_us: int) -> None:
+        self._state.count(f"tasks_{rep.status}")
+        self._state.count("report_us_total", elapsed_us)
+        self._state.count("reports")
+        if rep.status == "succeeded":
+            log.info("task %s succeeded: %s", task.id, rep.result.uri)
+
     def _send(self, task: Task, rep: Report, deadline_s: float | None = None) -> None:
         t0 = time.perf_counter()
         try:
@@ -110,11 +161,7 @@ class Reporter:
         except QueueError as e:
             log.error("task %s: report undeliverable, lease will expire: %s", task.id, e)
         else:
-            self._state.count(f"tasks_{rep.status}")
-            self._state.count("report_us_total", int((time.perf_counter() - t0) * 1e6))
-            self._state.count("reports")
-            if rep.status == "succeeded":
-                log.info("task %s succeeded: %s", task.id, rep.result.uri)
+            self._delivered(task, rep, int((time.perf_counter() - t0) * 1e6))
         finally:
             self._state.end(task)
 

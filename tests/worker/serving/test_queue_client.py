@@ -89,3 +89,18 @@ def test_retries_stop_at_the_deadline():
 def test_unexpected_body_is_an_error():
     with pytest.raises(Exception):
         client([httpx.Response(200, json={"nonsense": True})]).lease("w", 1, 0)
+
+
+def test_reports_together_give_each_its_status_code_and_a_missing_endpoint_is_not_found():
+    from protocol import TaskReport
+
+    seen = []
+    outcomes = {"results": [{"task_id": "t1", "status_code": 200, "task": TASK},
+                            {"task_id": "t2", "status_code": 409, "detail": "stale"}]}
+    c = client([httpx.Response(200, json=outcomes), httpx.Response(404, json={"detail": "Not Found"})], seen)
+    reports = [TaskReport(task_id=t, **report().model_dump()) for t in ("t1", "t2")]
+    got = c.report_many(reports, deadline_s=1.0)
+    assert [(o.task_id, o.status_code) for o in got] == [("t1", 200), ("t2", 409)]
+    assert seen[0][0].url.path == "/v1/reports"
+    with pytest.raises(NotFound):  # an older scheduler: the reporter falls back to one call per report
+        c.report_many(reports, deadline_s=1.0)

@@ -9,18 +9,31 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from protocol import ErrorCode, Lease, TaskResult
+from protocol import ErrorCode, Lease, ReportOutcome, TaskResult
 from worker.serving.heartbeat import WorkerState
+from worker.serving.queue_client import NotFound
 from worker.serving.reporter import Reporter, failure
 from worker.serving.task import Task
 
 
 class RecordingClient:
-    def __init__(self) -> None:
+    """Records each report in the order it reached the scheduler, and each call's size."""
+
+    def __init__(self, batches: bool = True) -> None:
         self.reports: list[tuple[str, str]] = []
+        self.calls: list[int] = []
+        self.batches = batches
 
     def report(self, task_id, rep, deadline_s):
         self.reports.append((task_id, rep.status))
+        self.calls.append(1)
+
+    def report_many(self, reports, deadline_s):
+        if not self.batches:  # an older scheduler: no POST /v1/reports
+            raise NotFound("POST /v1/reports: Not Found")
+        self.reports += [(r.task_id, r.status) for r in reports]
+        self.calls.append(len(reports))
+        return [ReportOutcome(task_id=r.task_id, status_code=200) for r in reports]
 
 
 class GatedPost:
@@ -68,6 +81,7 @@ def test_reports_follow_lease_order_while_post_stages_overlap(reporter):
     reporter.settle(0, keepalive=lambda: None, every_s=0.05)
     assert post.finished[0] == "b"  # b finished first...
     assert client.reports == [("a", "succeeded"), ("b", "succeeded"), ("c", "failed")]  # ...reported after a
+    assert client.calls == [3]  # finished together: one call
 
 
 def test_settle_reports_what_is_done_and_leaves_the_rest(reporter):
@@ -108,3 +122,17 @@ def test_settle_passes_over_a_task_the_watchdog_failed_while_its_post_stage_hang
     reporter.settle(0, keepalive=lambda: None, every_s=0.05)
     assert client.reports == [("b", "succeeded")] and reporter.pending == 0
     post.gates["a"].set()
+
+
+def test_with_a_scheduler_without_batch_reports_each_goes_alone_in_lease_order():
+    client = RecordingClient(batches=False)
+    reporter = Reporter(client, lambda: "w-1", WorkerState(), deadline_s=1.0)
+    post = GatedPost("abc")
+    futures = {t: post.submit(task(t)) for t in "abc"}
+    for t in "abc":
+        reporter.track(task(t), futures[t])
+        post.gates[t].set()
+        futures[t].result(5)
+    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    assert client.reports == [("a", "succeeded"), ("b", "succeeded"), ("c", "failed")]
+    assert client.calls == [1, 1, 1] and reporter._batching is False
