@@ -52,14 +52,20 @@ def _valid_unicode(data: Any) -> Any:
     return data
 
 
-class _Strict(BaseModel):
-    # NaN and infinity are refused: they are not JSON, and a 422 that echoed them could not be sent.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class _Wire(BaseModel):
+    """What every wire model refuses: NaN and infinity (not JSON; a 422 echoing them could not be
+    sent) and lone surrogates."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
     def _unicode(cls, data: Any) -> Any:
         return _valid_unicode(data)
+
+
+class _Strict(_Wire):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- clients
@@ -83,15 +89,10 @@ class ErrorEnvelope(_Strict):
     details: dict[str, Any] | None = None
 
 
-class TaskResult(BaseModel):
+class TaskResult(_Wire):
     """What a worker delivers. Extra keys are kept so newer workers can add fields."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unicode(cls, data: Any) -> Any:
-        return _valid_unicode(data)
 
     uri: str = Field(max_length=4096)
     content_type: str = Field(max_length=200)

@@ -94,10 +94,6 @@ class WorkerState:
         with self._lock:
             return list(self._held.values())
 
-    def next_deadline(self) -> float | None:
-        with self._lock:
-            return min((h.deadline for h in self._held.values() if not h.overdue), default=None)
-
     def mark_lost(self, task_ids: list[str]) -> None:
         with self._lock:
             self._lost.update(t for t in task_ids if t in self._held)

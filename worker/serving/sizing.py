@@ -26,7 +26,7 @@ class Sizes:
 
 def size(cfg: WorkerConfig, world_size: int) -> Sizes:
     slots = sharing.slots(world_size, cfg.parallel.mode)
-    one_round = slots * cfg.batch.max_size
+    one_round = sharing.capacity(cfg.batch.max_size, world_size, cfg.parallel.mode)
     why = f"one round is {one_round} image(s): batch.max_size {cfg.batch.max_size} x {slots} slot(s)"
     lease_ahead = cfg.queue.lease_ahead or 2 * one_round
     if lease_ahead < one_round:
