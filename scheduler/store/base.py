@@ -34,6 +34,7 @@ class Store(Protocol):
     lease_ttl_s: float
     max_attempts: int
     location: str  # the file or URL it was opened on
+    inline: bool  # calls are in-process and short: the app makes them on its event loop
 
     def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
         """(task, created). A repeated idempotency key returns the first task."""

@@ -49,6 +49,7 @@ class SQLStore:
     SKIP_LOCKED = ""  # appended to the claim's inner SELECT
     LOCK_ROW = ""  # appended to a SELECT of a row about to change
     GREATEST = "MAX"  # the two-argument maximum
+    inline = False  # True: in-process and short, called on the app's event loop instead of a thread
 
     def __init__(self, *, lease_ttl_s: float = 60.0, max_attempts: int = 3, liveness_s: float = 90.0,
                  retention_s: float = 86400.0, clock: Callable[[], float] = time.time) -> None:

@@ -3,6 +3,11 @@
 The rules are in sql.py. Here: every state change is one `BEGIN IMMEDIATE` transaction, so a claim
 is atomic even when several scheduler processes share the file; reads run on a connection of their
 own per thread and never wait for the write lock (WAL readers see the last commit).
+
+The app makes its state-changing calls on its event loop (`inline`): each takes well under a
+millisecond in-process, less than handing it to a thread and back. So one scheduler process per
+file: a second process holding the write lock would stall the first one's loop (busy_timeout). For
+several scheduler processes, use PostgreSQL.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ INDEXES = ["CREATE INDEX IF NOT EXISTS workers_node ON workers (node_id)",
 
 
 class SQLiteStore(SQLStore):
+    inline = True
     TOKEN_SQL = "lower(hex(randomblob(18)))"  # 144 random bits
     GREATEST = "MAX"
 
