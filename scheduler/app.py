@@ -107,6 +107,7 @@ client_auth = _bearer_checker("client_tokens")
 def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await store.aopen()
         app.state.waiters = waiters = Waiters()
         sweeper = asyncio.create_task(_sweep_forever(app))
         if listen := getattr(store, "listen", None):  # other scheduler processes' new work (PostgreSQL)
@@ -114,6 +115,7 @@ def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
             listen(lambda n: loop.call_soon_threadsafe(waiters.notify, n))
         yield
         sweeper.cancel()
+        await store.aclose()
 
     app = FastAPI(title="dit-worker reference scheduler", version="1", lifespan=lifespan)
     app.state.store = store
@@ -279,7 +281,7 @@ def _worker_routes(app: FastAPI) -> None:
             woken = waiters.enlist()  # before the claim, so work added meanwhile is not missed
             got = []
             try:
-                got = await _call(store, store.claim, worker_id, body.max_tasks)
+                got = await store.aclaim(worker_id, body.max_tasks)
                 left = end - time.monotonic()
                 if got or left <= 0:
                     break
@@ -302,10 +304,10 @@ def _worker_routes(app: FastAPI) -> None:
 
     @app.post("/v1/reports", response_model=ReportOutcomes, tags=["workers"], dependencies=auth)
     async def report_batch(body: ReportBatch) -> ReportOutcomes:
-        """Several tasks' reports in one call and one transaction, each applied on its own: the
+        """Several tasks' reports in one call, each applied on its own and atomically: the
         answer holds, per report, the status code its single call would have had."""
         items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in body.reports]
-        outcomes = await _call(store, store.report_many, items)
+        outcomes = await store.areport_many(items)
         results = []
         for (task_id, _), out in zip(items, outcomes):
             if isinstance(out, TaskView):
@@ -321,7 +323,7 @@ def _worker_routes(app: FastAPI) -> None:
               dependencies=auth, responses={404: {}, 409: {"description": "stale lease token"}})
     async def report(task_id: str, body: Report) -> TaskView:
         try:
-            task = await _call(store, store.report, task_id, body)
+            task = await store.areport(task_id, body)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
         except Conflict as e:

@@ -63,12 +63,24 @@ class Store(Protocol):
     def report(self, task_id: str, rep: Report) -> TaskView: ...
 
     def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
-        """One transaction; each report applied on its own, a refused one returned as its error."""
+        """Each report applied on its own, atomically, in order; a refused one returned as its error."""
 
     def sweep(self) -> int:
         """Requeues (or fails) tasks whose lease expired; the number of tasks it moved."""
 
     def close(self) -> None: ...
+
+    # The request path's hot calls, for the app's event loop: the same rules, without a thread
+    # where the backend allows it. aopen() first, on that loop; aclose() at the end.
+    async def aopen(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def aclaim(self, worker_id: str, max_tasks: int) -> list[Lease]: ...
+
+    async def areport(self, task_id: str, rep: Report) -> TaskView: ...
+
+    async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]: ...
 
 
 def task_view(row: Mapping[str, Any]) -> TaskView:

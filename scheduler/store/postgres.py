@@ -5,6 +5,9 @@ behind a load balancer sharing one database and coordinating through it alone.
   claims never wait on, or take, each other's rows; a report locks its task's row.
 - The schema comes from the numbered files in migrations/, applied at start in order under an
   advisory lock (schedulers starting together apply each once); `schema_migrations` records them.
+- The request path's hot calls (claim, reports) run on the app's event loop through psycopg's
+  async pool (each step one round trip; a round's reports pipelined by executemany); the others
+  use the blocking pool from the app's thread pool. Pool connections are in autocommit.
 - New work is announced with NOTIFY on commit: every scheduler process LISTENs and wakes its own
   long-polling lease requests (at most as many as the tasks), besides their one-second fallback.
 - Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
@@ -20,7 +23,7 @@ from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
-from scheduler.store.sql import SQLStore
+from scheduler.store.sql import Plan, SQLStore, WriteEach
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +55,12 @@ class PostgresStore(SQLStore):
         super().__init__(**options)
         self.url = self.location = url
         self.instance = uuid.uuid4().hex[:12]  # its own NOTIFYs are not news to this process
-        self._pool = ConnectionPool(url, min_size=2, max_size=pool_size, kwargs={"row_factory": dict_row},
-                                    open=False)
+        # Autocommit: a read or a lone statement is one round trip; transactions are explicit blocks.
+        self._pool = ConnectionPool(url, min_size=2, max_size=pool_size,
+                                    kwargs={"row_factory": dict_row, "autocommit": True}, open=False)
         self._pool.open(wait=True, timeout=30)
+        self._pool_size = pool_size
+        self._apool = None  # the async pool, opened on the app's loop (aopen)
         self._migrate()
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
@@ -66,11 +72,21 @@ class PostgresStore(SQLStore):
         with self._pool.connection() as conn, conn.transaction():
             yield _Adapted(conn)
 
+    @contextmanager
+    def _stmt(self) -> Iterator[_Adapted]:
+        with self._pool.connection() as conn:  # autocommit: the statement is its own transaction
+            yield _Adapted(conn)
+
     def _read(self) -> Any:
         return _PooledRead(self._pool)
 
     def _ids(self, ids: list[str]) -> tuple[str, Any]:
         return "id = ANY(?)", list(ids)
+
+    def _each(self, db: _Adapted, sql: str, args: list[tuple]) -> list:
+        with db._conn.cursor() as cur:  # executemany pipelines the statements: one round trip
+            cur.executemany(sql.replace("?", "%s"), args, returning=True)
+            return _all_results(cur)
 
     def _notify(self, db: Any, n: int) -> None:
         if n > 0:
@@ -82,6 +98,33 @@ class PostgresStore(SQLStore):
     def close(self) -> None:
         self._stop.set()
         self._pool.close()
+
+    async def aopen(self) -> None:
+        from psycopg.rows import dict_row
+        from psycopg_pool import AsyncConnectionPool
+
+        # Fixed size: a pool growing under a burst makes the burst wait for new connections.
+        self._apool = AsyncConnectionPool(self.url, min_size=self._pool_size, max_size=self._pool_size, open=False,
+                                          kwargs={"row_factory": dict_row, "autocommit": True})
+        await self._apool.open(wait=True, timeout=30)
+
+    async def aclose(self) -> None:
+        if self._apool is not None:
+            await self._apool.close()
+            self._apool = None
+
+    async def _arun(self, plan: Plan) -> Any:
+        """A plan on the event loop: each step one round trip on a pooled async connection, no
+        thread hand-offs (through the thread pool they cost more than the statements)."""
+        if self._apool is None:  # not opened on a loop: the blocking way
+            return await super()._arun(plan)
+        try:
+            step = next(plan)
+            while True:
+                async with self._apool.connection() as conn, conn.cursor() as cur:
+                    step = plan.send(await _astep(cur, step))
+        except StopIteration as done:
+            return done.value
 
     # ------------------------------------------------------------ start-up and wake-ups
 
@@ -146,3 +189,24 @@ class _Fetched:
 
     def __iter__(self):
         return iter(self._rows)
+
+
+async def _astep(cur, step) -> list:
+    sql = step.sql.replace("?", "%s")
+    if not isinstance(step, WriteEach):
+        return await (await cur.execute(sql, step.args)).fetchall()
+    await cur.executemany(sql, step.args, returning=True)
+    rows = []
+    while True:  # the async twin of _all_results
+        rows += await cur.fetchall() if cur.description else []
+        if not cur.nextset():
+            return rows
+
+
+def _all_results(cur) -> list:
+    """The rows of every statement an executemany(returning=True) ran (already received)."""
+    rows = []
+    while True:
+        rows += cur.fetchall() if cur.description else []
+        if not cur.nextset():
+            return rows

@@ -4,6 +4,8 @@ placeholders; the PostgreSQL backend adapts them.
 
 - A claim is one UPDATE ... RETURNING over the queue's head (PostgreSQL: FOR UPDATE SKIP LOCKED,
   so concurrent claims from several scheduler processes never wait for, or take, each other's rows).
+- A round's `processing` or `succeeded` reports are one UPDATE per task by its id, sent together
+  (PostgreSQL: pipelined, one round trip).
 - A heartbeat renews all of a worker's moving leases in one UPDATE.
 - Expired leases, silent workers and old registrations are dealt with by `sweep` (maintenance, run
   periodically by the app), never inside a request; meanwhile a lease past its deadline is already
@@ -13,12 +15,14 @@ placeholders; the PostgreSQL backend adapts them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from protocol import (
@@ -36,6 +40,33 @@ from protocol import (
 )
 from scheduler import leases
 from scheduler.store.base import Conflict, NotFound, task_view, worker_view
+
+@dataclass(frozen=True)
+class Write:
+    """A plan's step: one statement that is atomic on its own; its RETURNING rows come back."""
+    sql: str
+    args: tuple
+
+
+@dataclass(frozen=True)
+class WriteEach:
+    """A plan's step: one statement per set of arguments, each atomic on its own, sent together
+    (PostgreSQL: one pipelined round trip); the RETURNING rows of all of them come back."""
+    sql: str
+    args: list[tuple]
+
+
+@dataclass(frozen=True)
+class Read:
+    """A plan's step: one read; its rows come back."""
+    sql: str
+    args: tuple
+
+
+# The hot paths (claim, a round's reports) are written once as plans: generators that yield their
+# statements and receive the rows. `_run` carries them out on blocking connections (tests, tools,
+# SQLite); `_arun` on the event loop, with PostgreSQL without a thread (psycopg's async pool).
+Plan = Generator[Write | WriteEach | Read, list, Any]
 
 HELD = "status IN ('leased', 'processing')"
 HELD_ROW = "id, attempts, max_attempts, error, worker_id"
@@ -67,6 +98,11 @@ class SQLStore:
     def _read(self) -> Any:
         raise NotImplementedError
 
+    def _stmt(self) -> AbstractContextManager[Any]:
+        """A handle for one statement that is atomic on its own. PostgreSQL: outside a transaction
+        block, so BEGIN and COMMIT cost no round trips."""
+        return self._tx()
+
     def _ids(self, ids: list[str]) -> tuple[str, Any]:
         """A condition `id` in `ids`, and its one parameter."""
         raise NotImplementedError
@@ -77,6 +113,42 @@ class SQLStore:
     def _maintenance_lock(self, db: Any) -> bool:
         """False when another process is running maintenance right now."""
         return True
+
+    async def aopen(self) -> None:
+        """Opens what the async calls need, on the app's event loop."""
+
+    async def aclose(self) -> None:
+        pass
+
+    # ------------------------------------------------------------ plans
+
+    def _run(self, plan: Plan) -> Any:
+        try:
+            step = next(plan)
+            while True:
+                if isinstance(step, Write):
+                    with self._stmt() as db:
+                        rows = db.execute(step.sql, step.args).fetchall()
+                elif isinstance(step, WriteEach):
+                    with self._stmt() as db:
+                        rows = self._each(db, step.sql, step.args)
+                else:
+                    rows = self._read().execute(step.sql, step.args).fetchall()
+                step = plan.send(rows)
+        except StopIteration as done:
+            return done.value
+
+    def _each(self, db: Any, sql: str, args: list[tuple]) -> list:
+        return [row for one in args for row in db.execute(sql, one).fetchall()]
+
+    async def _arun(self, plan: Plan) -> Any:
+        return await self._aside(self._run, plan)
+
+    async def _aside(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking call from the event loop: made there when `inline`, else on a thread."""
+        if self.inline:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     # ------------------------------------------------------------ clients
 
@@ -161,27 +233,26 @@ class SQLStore:
         return [worker_view(r, now) for r in rows]
 
     def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
+        return self._run(self._claim(worker_id, max_tasks))
+
+    async def aclaim(self, worker_id: str, max_tasks: int) -> list[Lease]:
+        return await self._arun(self._claim(worker_id, max_tasks))
+
+    def _claim(self, worker_id: str, max_tasks: int) -> Plan:
         """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO: one
-        UPDATE ... RETURNING. Tokens are fresh random values made by the database (fencing tokens:
-        a report also needs the worker's id and bearer token)."""
+        UPDATE ... RETURNING, one round trip. Tokens are fresh random values made by the database
+        (fencing tokens: a report also needs the worker's id and bearer token)."""
         now = self._clock()
         deadline = leases.deadline(now, self.lease_ttl_s)
-        # One read first: an empty queue costs no write transaction, and an unknown worker is a 404.
-        seen = self._read().execute(
-            "SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued') AS work,"
-            " EXISTS (SELECT 1 FROM workers WHERE id = ?) AS known", (worker_id,)).fetchone()
-        if not seen["known"]:
+        rows = yield Write(
+            f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
+            f" lease_token = {self.TOKEN_SQL}, lease_deadline = ?, updated_at = ?"
+            f" WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' ORDER BY priority DESC, seq LIMIT ?"
+            f"{self.SKIP_LOCKED}) AND EXISTS (SELECT 1 FROM workers WHERE id = ?)"
+            f" RETURNING id, input, created_at, lease_token, attempts, priority, seq",
+            (worker_id, deadline, now, max_tasks, worker_id))
+        if not rows and not (yield Read("SELECT 1 AS one FROM workers WHERE id = ?", (worker_id,))):
             raise NotFound(f"no worker {worker_id}; register first")
-        if not seen["work"]:
-            return []
-        with self._tx() as db:
-            rows = db.execute(
-                f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
-                f" lease_token = {self.TOKEN_SQL}, lease_deadline = ?, updated_at = ?"
-                f" WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' ORDER BY priority DESC, seq LIMIT ?"
-                f"{self.SKIP_LOCKED})"
-                f" RETURNING id, input, created_at, lease_token, attempts, priority, seq",
-                (worker_id, deadline, now, max_tasks)).fetchall()
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
         return [Lease(task_id=r["id"], input=json.loads(r["input"]), created_at=r["created_at"],
                       lease_token=r["lease_token"], lease_deadline=deadline, lease_ttl_s=self.lease_ttl_s,
@@ -208,13 +279,24 @@ class SQLStore:
 
     def report(self, task_id: str, rep: Report) -> TaskView:
         """Applies a worker's report if, and only if, it carries the task's current, unexpired lease."""
-        with self._tx() as db:
-            row = self._apply(db, task_id, rep, self._clock())
-        return task_view(row)
+        return _raised(self.report_many([(task_id, rep)])[0])
+
+    async def areport(self, task_id: str, rep: Report) -> TaskView:
+        return _raised((await self.areport_many([(task_id, rep)]))[0])
 
     def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
-        """Several reports in one transaction, each on its own: a refused one (NotFound, Conflict,
+        """Several reports, each applied on its own and atomically: a refused one (NotFound, Conflict,
         returned in its place) changes nothing and does not stop the others."""
+        if _alike(items):
+            return self._run(self._report_alike(items))
+        return self._report_each(items)
+
+    async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
+        if _alike(items):
+            return await self._arun(self._report_alike(items))
+        return await self._aside(self._report_each, items)
+
+    def _report_each(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
         now = self._clock()
         out: list[TaskView | NotFound | Conflict] = []
         with self._tx() as db:
@@ -223,6 +305,36 @@ class SQLStore:
                     out.append(task_view(self._apply(db, task_id, rep, now)))
                 except (NotFound, Conflict) as e:  # raised before anything is written
                     out.append(e)
+        return out
+
+    def _report_alike(self, items: list[tuple[str, Report]]) -> Plan:
+        """`processing` or `succeeded` reports of distinct tasks (a round's): one UPDATE per task by
+        its id, sent together, each changing its row only if the report carries the current,
+        unexpired lease; the refused ones are told apart afterwards by a read. Tokens are compared
+        in SQL, not in constant time: they are 122+ random bits, and a report also needs the
+        worker's bearer token."""
+        now = self._clock()
+        fence = ("WHERE id = ? AND lease_token = ? AND worker_id = ? AND status IN ('leased', 'processing')"
+                 " AND lease_deadline >= ? RETURNING *")
+        if items[0][1].status == "processing":
+            deadline = leases.deadline(now, self.lease_ttl_s)
+            sql = ("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
+                   f" started_at = COALESCE(started_at, ?) {fence}")
+            args = [(deadline, now, now, task_id, rep.lease_token, rep.worker_id, now) for task_id, rep in items]
+        else:
+            sql = ("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
+                   f" lease_deadline = NULL, updated_at = ?, finished_at = ? {fence}")
+            args = [(rep.result.model_dump_json(), now, now, task_id, rep.lease_token, rep.worker_id, now)
+                    for task_id, rep in items]
+        changed = {r["id"]: r for r in (yield WriteEach(sql, args))}
+        out: list[TaskView | NotFound | Conflict] = []
+        for task_id, _ in items:
+            if task_id in changed:
+                out.append(task_view(changed[task_id]))
+            elif found := (yield Read("SELECT status FROM tasks WHERE id = ?", (task_id,))):
+                out.append(Conflict(f"lease on task {task_id} is not held by this token (status {found[0]['status']})"))
+            else:
+                out.append(NotFound(f"no task {task_id}"))
         return out
 
     def _apply(self, db: Any, task_id: str, rep: Report, now: float) -> Any:
@@ -327,6 +439,19 @@ def _get(db: Any, task_id: str, lock: str = "") -> Any:
     if row is None:
         raise NotFound(f"no task {task_id}")
     return row
+
+
+def _alike(items: list[tuple[str, Report]]) -> bool:
+    """Reports that one UPDATE can apply: all `processing` or all `succeeded`, each task once."""
+    return (bool(items) and items[0][1].status in ("processing", "succeeded")
+            and all(rep.status == items[0][1].status for _, rep in items)
+            and len({task_id for task_id, _ in items}) == len(items))
+
+
+def _raised(out: TaskView | NotFound | Conflict) -> TaskView:
+    if isinstance(out, Exception):
+        raise out
+    return out
 
 
 def _require_worker(db: Any, worker_id: str) -> None:

@@ -315,3 +315,32 @@ def test_lost_and_replaced_registrations_are_pruned_after_the_retention(make_sto
     clock.now += 51
     s.sweep()
     assert gone not in {w.id for w in s.workers()} and silent not in {w.id for w in s.workers()}
+
+
+def test_a_rounds_reports_in_one_statement_apply_only_where_the_lease_is_current(store, clock):
+    w, other = worker(store), worker(store)
+    for i in range(5):
+        submit(store, str(i))
+    a, b, c = store.claim(w, 3)
+    d, e = store.claim(other, 2)
+    clock.now += 5.0
+    got = store.report_many([(le.task_id, Report(worker_id=w, lease_token=le.lease_token, status="processing"))
+                             for le in (a, b, c)])
+    assert [g.status for g in got] == ["processing"] * 3 and got[0].started_at == clock.now
+    clock.now += 9.0  # a, b, c renewed by `processing`; d and e expired
+    got = store.report_many([(a.task_id, ok(a.lease_token, w)), (b.task_id, ok("stale", w)),
+                             (d.task_id, ok(d.lease_token, other)), (e.task_id, ok(e.lease_token, w)),
+                             ("nosuchtask", ok("t", w)), (c.task_id, ok(c.lease_token, w))])
+    assert got[0].status == "succeeded" and got[0].result.uri == "u" and got[5].status == "succeeded"
+    assert [type(g) for g in got[1:5]] == [Conflict, Conflict, Conflict, NotFound]
+    assert store.get(b.task_id).status == "processing" and store.get(d.task_id).status == "leased"
+    assert store.get(a.task_id).started_at == got[0].started_at  # set once, by the first `processing`
+
+
+def test_reports_of_one_task_in_one_call_apply_in_order(store):
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claim(w, 1)
+    got = store.report_many([(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing")),
+                             (t.id, ok(lease.lease_token, w)), (t.id, ok(lease.lease_token, w))])
+    assert got[0].status == "processing" and got[1].status == "succeeded" and isinstance(got[2], Conflict)
