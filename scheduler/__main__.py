@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import logging
 import os
@@ -73,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              args.host, args.port, args.db, args.lease_ttl, args.max_attempts,
              "on" if settings.worker_tokens else "off (loopback)")
-    uvicorn.run(create_app(store, settings), host=args.host, port=args.port,
-                log_level=args.log_level.lower(), access_log=False)
+    app = create_app(store, settings)
+    # What start-up made lives as long as the process. A full collection walked it all, twice or
+    # more a second under 500 workers: 75-100 ms pauses of every request. Frozen, the collector
+    # leaves it alone (pauses of 4-20 ms over the ~15,000 objects requests make).
+    gc.collect()
+    gc.freeze()
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False)
     store.close()
     return 0
 
