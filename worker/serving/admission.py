@@ -2,14 +2,17 @@
 
     validate -> default seed -> fits the context-parallel split -> text check -> report `processing`
 
-A task that does not pass is failed and reported here with its reason (or dropped, when its lease
-is gone) and never reaches a round. Runs on the intake thread, while the current round generates.
+for each task of a lease call, the `processing` reports of those that pass going together in one
+call (POST /v1/reports). A task that does not pass is failed and reported here with its reason (or
+dropped, when its lease is gone) and never reaches a round. Runs on the intake thread, while the
+current round generates.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import dataclass
 
 from protocol import ErrorCode
@@ -19,7 +22,6 @@ from worker.config import DeadlinesConfig, LimitsConfig
 from worker.model.job import Job
 from worker.model.parallel import sequence_fits
 from worker.serving.heartbeat import WorkerState
-from worker.serving.queue_client import QueueError
 from worker.serving.reporter import Reporter
 from worker.serving.task import Task
 from worker.serving.validation import InvalidRequest, validate_task
@@ -44,8 +46,23 @@ class Admission:
     context_ranks: int = 0  # context parallelism splits each image's sequence over this many ranks
     text_tokens: int = 0  # the text's share of that sequence (model.max_sequence_length)
 
-    def admit(self, task: Task) -> bool:
-        """True when the task may be generated; its job is then set."""
+    def admit(self, tasks: list[Task]) -> list[Task]:
+        """The tasks of one lease call that may be generated (their jobs set): each screened, then
+        `processing` for all of them in one call. The others were failed and reported, or dropped."""
+        screened = [task for task in tasks if self._screen(task)]
+        if not screened:
+            return []
+        t0 = time.perf_counter()
+        admitted = self.reporter.processing_all(screened)
+        for task in screened:
+            task.timings.record(admit=(time.perf_counter() - t0) * 1e3)
+        for task in admitted:
+            # Waiting for a round: a serve loop that takes none for stall_s is stuck (the watchdog exits).
+            self.state.stage(task, "ready", self.deadlines.stall_s)
+        return admitted
+
+    def _screen(self, task: Task) -> bool:
+        """Validation and the text check; False: the task was failed and reported."""
         self.state.begin(task, "admit", self.deadlines.admit_s)  # from now on the heartbeat renews it
         try:
             task.job = self._validate(task)
@@ -53,19 +70,7 @@ class Admission:
             self.reporter.fail(task, ErrorCode.INVALID_REQUEST, str(e), retryable=False)
             return False
         with task.timings.stage("text_check"):
-            allowed = self._prompt_allowed(task)
-        if not allowed:
-            return False
-        try:
-            with task.timings.stage("admit"):
-                self.reporter.processing(task)
-        except QueueError as e:  # lease lost (409) or the report could not be delivered
-            log.warning("task %s dropped before generation: %s", task.id, e)
-            self.state.end(task)
-            return False
-        # Waiting for a round: a serve loop that takes none for stall_s is stuck (the watchdog exits).
-        self.state.stage(task, "ready", self.deadlines.stall_s)
-        return True
+            return self._prompt_allowed(task)
 
     def _validate(self, task: Task) -> Job:
         job = validate_task(task.id, task.lease.input, self.limits)

@@ -27,8 +27,8 @@ class Leases(Protocol):
 
 
 class Gate(Protocol):
-    def admit(self, task: Task) -> bool:
-        """True: the task may be generated. False: it was failed and reported, or dropped."""
+    def admit(self, tasks: list[Task]) -> list[Task]:
+        """Those that may be generated; the others were failed and reported, or dropped."""
 
 
 class Intake:
@@ -121,11 +121,12 @@ class Intake:
         t0 = time.perf_counter()
         leases = self._leases.lease(room)
         lease_ms = (time.perf_counter() - t0) * 1e3
-        for lease in leases:
-            task = Task(lease)
+        tasks = [Task(lease) for lease in leases]
+        for task in tasks:
             task.timings.record(lease=lease_ms)
-            if self._gate.admit(task):
-                with self._cond:
-                    task.ready_at = time.monotonic()
-                    self._ready.append(task)
-                    self._cond.notify_all()
+        admitted = self._gate.admit(tasks) if tasks else []
+        with self._cond:
+            for task in admitted:
+                task.ready_at = time.monotonic()
+                self._ready.append(task)
+            self._cond.notify_all()

@@ -1,5 +1,5 @@
-"""Rank 0's reports to the scheduler: `processing` before generation, then one final report per
-task (succeeded, failed or released), delivered in lease order.
+"""Rank 0's reports to the scheduler: `processing` before generation (a lease call's tasks in one
+call), then one final report per task (succeeded, failed or released), delivered in lease order.
 
 A task's post stage runs in a pool and may finish before an earlier task's; `settle` reports them in
 the order they were leased, the ones finished together in one call (POST /v1/reports; one call per
@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
-from protocol import ErrorCode, ErrorEnvelope, Report, TaskReport, TaskResult
+from protocol import ErrorCode, ErrorEnvelope, Report, ReportOutcome, TaskReport, TaskResult
 from worker.serving.heartbeat import WorkerState
 from worker.serving.queue_client import LeaseLost, NotFound, QueueClient, QueueError
 from worker.serving.task import Task
@@ -45,9 +45,36 @@ class Reporter:
 
     # ------------------------------------------------------------ per task
 
-    def processing(self, task: Task) -> None:
-        """Generation is about to start (renews the lease). Raises QueueError: the task must not run."""
-        self._client.report(task.id, self._report(task, "processing"), deadline_s=self._deadline_s)
+    def processing_all(self, tasks: list[Task]) -> list[Task]:
+        """`processing` for tasks about to wait for a round (renews their leases), in one call when
+        there are several. Returns those that may run; the others (lease lost, or the report not
+        delivered) are ended here and must not run."""
+        if len(tasks) > 1 and self._batching:
+            try:
+                outcomes = self._client.report_many(
+                    [TaskReport(task_id=t.id, **self._report(t, "processing").model_dump()) for t in tasks],
+                    deadline_s=self._deadline_s)
+            except NotFound:
+                self._no_batches()
+            except QueueError as e:
+                outcomes = [ReportOutcome(task_id=t.id, status_code=503, detail=str(e)) for t in tasks]
+            else:
+                return [t for t, out in zip(tasks, outcomes) if self._may_run(t, out.status_code, out.detail)]
+        return [t for t in tasks if self._processing(t)]
+
+    def _processing(self, task: Task) -> bool:
+        try:
+            self._client.report(task.id, self._report(task, "processing"), deadline_s=self._deadline_s)
+        except QueueError as e:
+            return self._may_run(task, 409 if isinstance(e, LeaseLost) else 503, str(e))
+        return True
+
+    def _may_run(self, task: Task, status_code: int, detail: str | None) -> bool:
+        if status_code == 200:
+            return True
+        log.warning("task %s dropped before generation (%d): %s", task.id, status_code, detail)
+        self._state.end(task)
+        return False
 
     def fail(self, task: Task, code: ErrorCode, message: str, *, retryable: bool,
              details: dict | None = None, deadline_s: float | None = None) -> None:
@@ -122,9 +149,8 @@ class Reporter:
         try:
             outcomes = self._client.report_many([TaskReport(task_id=t.id, **r.model_dump()) for t, r in sends],
                                                 deadline_s=self._deadline_s)
-        except NotFound:  # an older scheduler: one call per report from now on
-            log.info("the scheduler has no POST /v1/reports; reporting one task per call")
-            self._batching = False
+        except NotFound:
+            self._no_batches()
             for task, report in sends:
                 self._send(task, report)
             return
@@ -144,6 +170,11 @@ class Reporter:
                     self._delivered(task, report, share_us)
             finally:
                 self._state.end(task)
+
+    def _no_batches(self) -> None:
+        """An older scheduler, without POST /v1/reports: one call per report from now on."""
+        log.info("the scheduler has no POST /v1/reports; reporting one task per call")
+        self._batching = False
 
     def _delivered(self, task: Task, rep: Report, elapsed_us: int) -> None:
         self._state.count(f"tasks_{rep.status}")

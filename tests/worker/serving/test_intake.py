@@ -40,12 +40,12 @@ class FakeQueue:
             out, self.tasks = self.tasks[:min(n, self.per_call)], self.tasks[min(n, self.per_call):]
         return [lease(t) for t, _ in out]
 
-    def admit(self, task: Task) -> bool:
-        if task.id.startswith("bad"):
-            return False  # failed and reported by the admission
-        task.job = Job(task_id=task.id, prompt="p", width=self.widths[task.id], height=64, steps=4, seed=1,
-                       output_format="png")
-        return True
+    def admit(self, tasks: list[Task]) -> list[Task]:
+        admitted = [t for t in tasks if not t.id.startswith("bad")]  # "bad...": failed and reported
+        for task in admitted:
+            task.job = Job(task_id=task.id, prompt="p", width=self.widths[task.id], height=64, steps=4, seed=1,
+                           output_format="png")
+        return admitted
 
     def add(self, tasks: list[tuple[str, int]]) -> None:
         with self.cond:

@@ -136,3 +136,37 @@ def test_with_a_scheduler_without_batch_reports_each_goes_alone_in_lease_order()
     reporter.settle(0, keepalive=lambda: None, every_s=0.05)
     assert client.reports == [("a", "succeeded"), ("b", "succeeded"), ("c", "failed")]
     assert client.calls == [1, 1, 1] and reporter._batching is False
+
+
+class RefusingClient(RecordingClient):
+    """Answers 409 (lease lost) for the tasks in `lost`, in a batch or alone."""
+
+    def __init__(self, lost: set[str], batches: bool = True) -> None:
+        super().__init__(batches)
+        self.lost = lost
+
+    def report(self, task_id, rep, deadline_s):
+        from worker.serving.queue_client import LeaseLost
+
+        super().report(task_id, rep, deadline_s)
+        if task_id in self.lost:
+            raise LeaseLost(f"{task_id}: 409 lease not held")
+
+    def report_many(self, reports, deadline_s):
+        out = super().report_many(reports, deadline_s)
+        return [o if o.task_id not in self.lost else ReportOutcome(task_id=o.task_id, status_code=409, detail="stale")
+                for o in out]
+
+
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_lease_calls_processing_reports_go_in_one_call_and_a_lost_lease_is_not_run(batches):
+    client = RefusingClient({"b"}, batches)
+    state = WorkerState()
+    tasks = [task(t) for t in "abc"]
+    for t in tasks:
+        state.begin(t, "admit", 10.0)
+    may_run = Reporter(client, lambda: "w-1", state, deadline_s=1.0).processing_all(tasks)
+    assert [t.id for t in may_run] == ["a", "c"]
+    assert client.reports == [("a", "processing"), ("b", "processing"), ("c", "processing")]
+    assert client.calls == ([3] if batches else [1, 1, 1])
+    assert [h.task.id for h in state.held()] == ["a", "c"]  # b's renewal ended: it never runs
