@@ -2,15 +2,18 @@
 speaking the real protocol over loopback, for each backend side by side in one run: SQLite, and
 PostgreSQL with one and with two scheduler processes (the workers split between them).
 
-Every worker registers; then the tasks are submitted in batches of 100 (submits/s is measured on its
-own); then the workers start, each looping: lease (up to --lease-max tasks, long poll), report
-`processing` and `succeeded` for each task: one call per report with --lease-max 1 (a rank taking one
-task at a time), or all of a lease's reports in one POST /v1/reports call per status (a node's round).
-lifecycles/s is tasks / (last success - start), every task going lease -> processing -> succeeded
-while work is queued; lease latency is that of the calls that returned work. With --work-s each
-worker spends that long per task between `processing` and `succeeded`, like a GPU (0.4 s: one H100
-at about 2.5 images/s): an open load instead of workers that do nothing but call the scheduler.
-Prints a table and writes JSON to --out. PostgreSQL runs as a real server started for the run.
+Every worker registers; then the tasks are submitted in batches of 1,000 (submits/s is measured on
+its own); then the workers start, each somewhere within its first round, and loop as the worker
+does: lease (up to --lease-max tasks, long poll), `processing` for the lease's tasks, --work-s per
+task of simulated GPU time (+-20%, so workers do not fall into step), `succeeded` for them; with
+--lease-max above 1 a lease's reports go in one POST /v1/reports call per status, as the worker
+sends them; with 1, one call per report. Each also heartbeats every --heartbeat-s with its tasks.
+Defaults: 500 workers, each a GPU node taking rounds of 8 tasks at 0.4 s per task (an H100 at
+about 2.5 images/s), so the fleet could complete up to 1,250 tasks/s.
+
+Figures come from the steady window (see Window): lifecycles/s (lease -> processing -> succeeded),
+the latency of lease calls that returned work, and the cores each process used. Prints a table and
+writes JSON to --out. PostgreSQL runs as a real server started for the run.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class Window:
 
 
 async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int, work_s: float = 0.0,
-                   procs: dict[str, list[int]] | None = None) -> dict:
+                   procs: dict[str, list[int]] | None = None, heartbeat_s: float = 30.0) -> dict:
     # A client (one connection) per simulated worker, as real workers have: one AsyncClient shared by
     # hundreds of concurrent requests spends its time in its own pool (~280 requests/s here).
     clients = [httpx.AsyncClient(base_url=urls[n % len(urls)], timeout=60) for n in range(workers)]
@@ -96,14 +99,18 @@ async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int, wo
     done_at: list[float] = []
     go, done = asyncio.Event(), asyncio.Event()
     window = Window(tasks, procs or {})
+    beats = [0, 0]  # heartbeats refused, answered
 
     async def worker(http: httpx.AsyncClient, wid: str) -> None:
         await go.wait()
         await asyncio.sleep(random.uniform(0, work_s * lease_max))  # nodes are not in step
+        held: list[str] = []
+        beating = asyncio.create_task(heartbeat(http, wid, held))
         while not done.is_set():
             t = time.perf_counter()
             resp = await http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": lease_max, "wait_s": 10.0})
             got = resp.json()["leases"] if resp.status_code == 200 else []
+            held[:] = [le["task_id"] for le in got]
             leases.append((t, (time.perf_counter() - t) * 1e3, len(got)))
             if len(got) < lease_max:
                 window.queue_ran_dry(t)
@@ -112,6 +119,16 @@ async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int, wo
                 window.completed(len(done_at), done_at[-1])
             if len(done_at) >= tasks:
                 done.set()
+        beating.cancel()
+
+    async def heartbeat(http: httpx.AsyncClient, wid: str, held: list[str]) -> None:
+        """Every heartbeat_s, as the worker does (queue.heartbeat_interval_s), starting anywhere in it."""
+        await asyncio.sleep(random.uniform(0, heartbeat_s))
+        while True:
+            resp = await http.post(f"/v1/workers/{wid}/heartbeat", json={
+                "status": "ready", "in_flight": list(held), "timestamp": time.time()})
+            beats[resp.status_code == 200] += 1
+            await asyncio.sleep(heartbeat_s)
 
     async def report(http: httpx.AsyncClient, wid: str, got: list[dict]) -> int:
         if not got:
@@ -152,7 +169,8 @@ async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int, wo
     for c in clients:
         await c.aclose()
     gc.enable()
-    return {"tasks": tasks, "submits_per_s": round(tasks / submit_s, 1), **window.figures(done_at, leases)}
+    return {"tasks": tasks, "submits_per_s": round(tasks / submit_s, 1), **window.figures(done_at, leases),
+            "heartbeats": beats[1], "heartbeats_refused": beats[0]}
 
 
 def run_backend(name: str, args, work: Path, pg: Postgres | None) -> dict:
@@ -166,7 +184,7 @@ def run_backend(name: str, args, work: Path, pg: Postgres | None) -> dict:
     try:
         # uvloop: the simulated workers' own event loop adds less to the latencies measured.
         return uvloop.run(simulate(urls, args.workers, args.tasks, args.lease_max, args.work_s,
-                                    {"scheduler": [p.pid for p in procs]}))
+                                   {"scheduler": [p.pid for p in procs]}, args.heartbeat_s))
     finally:
         for p in procs:
             p.stop()
@@ -176,15 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dit-scheduler bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=500)
-    p.add_argument("--tasks", type=int, default=5000)
-    p.add_argument("--lease-max", type=int, default=1, help="max_tasks per lease call (a GPU rank takes 1)")
+    p.add_argument("--tasks", type=int, default=30_000)
+    p.add_argument("--lease-max", type=int, default=8, help="max_tasks per lease call (a round of a node)")
     p.add_argument("--backends", default="sqlite,postgres,postgres-2")
-    p.add_argument("--work-s", type=float, default=0.0, help="simulated GPU time per task; 0: none")
+    p.add_argument("--work-s", type=float, default=0.4, help="simulated GPU time per task; 0: none")
+    p.add_argument("--heartbeat-s", type=float, default=30.0, help="the workers' heartbeat interval")
     p.add_argument("--out", type=Path, default=Path("var/bench/scheduler.json"))
     args = p.parse_args(argv)
     backends = args.backends.split(",")
     report = {"machine": platform.processor() or platform.machine(), "workers": args.workers, "tasks": args.tasks,
-              "lease_max": args.lease_max, "work_s": args.work_s, "backends": {}}
+              "lease_max": args.lease_max, "work_s": args.work_s,
+              "heartbeat_s": args.heartbeat_s, "backends": {}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         pg = Postgres(work) if any(b.startswith("postgres") for b in backends) else None

@@ -13,10 +13,11 @@ from tools.scheduler_bench import Window, run_backend
 
 @pytest.mark.parametrize("lease_max", [1, 8])
 def test_the_bench_completes_every_task_and_reports_its_figures(tmp_path, lease_max):
-    args = argparse.Namespace(workers=5, tasks=40, lease_max=lease_max, work_s=0.01)
+    args = argparse.Namespace(workers=5, tasks=40, lease_max=lease_max, work_s=0.01, heartbeat_s=0.05)
     row = run_backend("sqlite", args, tmp_path, pg=None)
     assert row["tasks"] == 40 and row["lifecycles_per_s"] > 0 and row["leases"] >= 1
     assert 0 < row["lease_p50_ms"] <= row["lease_p99_ms"]
+    assert row["heartbeats"] > 0 and row["heartbeats_refused"] == 0
     json.dumps(row)
 
 
