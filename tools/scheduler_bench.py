@@ -106,20 +106,22 @@ async def simulate(urls: list[str], workers: int, tasks: int, lease_max: int, wo
         await asyncio.sleep(random.uniform(0, work_s * lease_max))  # nodes are not in step
         held: list[str] = []
         beating = asyncio.create_task(heartbeat(http, wid, held))
-        while not done.is_set():
-            t = time.perf_counter()
-            resp = await http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": lease_max, "wait_s": 10.0})
-            got = resp.json()["leases"] if resp.status_code == 200 else []
-            held[:] = [le["task_id"] for le in got]
-            leases.append((t, (time.perf_counter() - t) * 1e3, len(got)))
-            if len(got) < lease_max:
-                window.queue_ran_dry(t)
-            for _ in range(await report(http, wid, got)):
-                done_at.append(time.perf_counter())
-                window.completed(len(done_at), done_at[-1])
-            if len(done_at) >= tasks:
-                done.set()
-        beating.cancel()
+        try:
+            while not done.is_set():
+                t = time.perf_counter()
+                resp = await http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": lease_max, "wait_s": 10.0})
+                got = resp.json()["leases"] if resp.status_code == 200 else []
+                held[:] = [le["task_id"] for le in got]
+                leases.append((t, (time.perf_counter() - t) * 1e3, len(got)))
+                if len(got) < lease_max:
+                    window.queue_ran_dry(t)
+                for _ in range(await report(http, wid, got)):
+                    done_at.append(time.perf_counter())
+                    window.completed(len(done_at), done_at[-1])
+                if len(done_at) >= tasks:
+                    done.set()
+        finally:
+            beating.cancel()
 
     async def heartbeat(http: httpx.AsyncClient, wid: str, held: list[str]) -> None:
         """Every heartbeat_s, as the worker does (queue.heartbeat_interval_s), starting anywhere in it."""
