@@ -31,6 +31,12 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _at_least_one(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of at least 1")
+    return int(value)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dit-scheduler", description=__doc__)
     p.add_argument("--db", default="var/scheduler.db",
@@ -40,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-ttl", type=float, default=60.0, help="seconds a lease lives without renewal")
     p.add_argument("--max-attempts", type=int, default=3, help="leases per task before it fails for good")
     p.add_argument("--max-queued", type=int, default=100_000, help="429 to clients beyond this backlog")
+    p.add_argument("--db-pool", type=_at_least_one, default=4,
+                   help="PostgreSQL connections per pool (two pools per process); ignored for SQLite")
     p.add_argument("--worker-liveness", type=float, default=90.0,
                    help="seconds without a heartbeat before a worker is lost and its tasks requeued")
     p.add_argument("--worker-retention", type=float, default=86400.0,
@@ -70,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                   args.host, args.worker_tokens_env, args.client_tokens_env)
         return 2
     store = open_store(args.db, lease_ttl_s=args.lease_ttl, max_attempts=args.max_attempts,
-                       liveness_s=args.worker_liveness, retention_s=args.worker_retention)
+                       liveness_s=args.worker_liveness, retention_s=args.worker_retention, pool_size=args.db_pool)
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              args.host, args.port, args.db, args.lease_ttl, args.max_attempts,
              "on" if settings.worker_tokens else "off (loopback)")
