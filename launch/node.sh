@@ -4,11 +4,21 @@
 #
 #   CONFIG=configs/flux-schnell.toml NPROC=8 launch/node.sh [--set queue.url=http://queue:8700 ...]
 #
+# One group across nodes (c10d rendezvous; run the same line on each node):
+#
+#   NNODES=2 RDZV_ENDPOINT=node-a:29400 RDZV_ID=flux-1 NPROC=8 launch/node.sh --set queue.url=...
+#
+# `launch/node.sh --dry-run [args]` prints the exact torchrun command (and OMP_NUM_THREADS) and exits.
+#
 # SIGTERM (or SIGINT) drains: no new leases, the tasks held finish and are reported, then every rank
 # exits 0 and so does this script. A second signal stops at once; the scheduler retries what was
 # held. Environment: CONFIG, NPROC (default: the GPUs nvidia-smi lists, else 1), MAX_RESTARTS,
-# OMP_NUM_THREADS (default: the cores this process may use, shared among the ranks).
+# OMP_NUM_THREADS (default: the cores this process may use, shared among the ranks), NNODES
+# (default 1), RDZV_ENDPOINT (host:port, needed when NNODES > 1), RDZV_ID (default dit-worker).
 set -euo pipefail
+
+DRY_RUN=0
+if [ "${1:-}" = "--dry-run" ]; then DRY_RUN=1; shift; fi
 
 CONFIG=${CONFIG:-configs/flux-schnell.toml}
 NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
@@ -23,8 +33,31 @@ if [ -z "${OMP_NUM_THREADS:-}" ]; then
 fi
 export OMP_NUM_THREADS
 
-torchrun --standalone --nproc_per_node="$NPROC" --max-restarts="$MAX_RESTARTS" \
-  -m worker --config "$CONFIG" "$@" &
+NNODES=${NNODES:-1}
+if ! [[ "$NNODES" =~ ^[1-9][0-9]*$ ]]; then
+  echo "node.sh: NNODES=$NNODES is not a number of nodes (1, 2, ...)" >&2
+  exit 2
+elif [ "$NNODES" -eq 1 ]; then
+  GROUP=(--standalone)
+elif [ -n "${RDZV_ENDPOINT:-}" ]; then
+  # Every node runs this line; the rendezvous ranks them. The run id names the group (the node id
+  # the scheduler sees), so it must differ between groups sharing an endpoint.
+  GROUP=(--nnodes="$NNODES" --rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="${RDZV_ID:-dit-worker}")
+else
+  echo "node.sh: NNODES=$NNODES needs RDZV_ENDPOINT=host:port (the rendezvous, e.g. the first node:29400)" >&2
+  exit 2
+fi
+CMD=(torchrun "${GROUP[@]}" --nproc_per_node="$NPROC" --max-restarts="$MAX_RESTARTS"
+     -m worker --config "$CONFIG" "$@")
+
+if [ "$DRY_RUN" -eq 1 ]; then
+  printf 'OMP_NUM_THREADS=%s' "$OMP_NUM_THREADS"
+  printf ' %q' "${CMD[@]}"
+  printf '\n'
+  exit 0
+fi
+
+"${CMD[@]}" &
 TORCHRUN=$!
 
 # A signal to torchrun itself makes it kill the ranks after 30 s and exit 1 with a traceback, so a
