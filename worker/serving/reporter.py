@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
-from protocol import ErrorCode, ErrorEnvelope, Report, ReportOutcome, TaskReport, TaskResult
+from protocol import ErrorCode, ErrorEnvelope, Report, TaskReport, TaskResult
 from worker.serving.heartbeat import WorkerState
 from worker.serving.queue_client import LeaseLost, NotFound, QueueClient, QueueError
 from worker.serving.task import Task
@@ -56,8 +56,8 @@ class Reporter:
                     deadline_s=self._deadline_s)
             except NotFound:
                 self._no_batches()
-            except QueueError as e:
-                outcomes = [ReportOutcome(task_id=t.id, status_code=503, detail=str(e)) for t in tasks]
+            except QueueError as e:  # undeliverable within the deadline: none may run, none retried alone
+                return [t for t in tasks if self._may_run(t, 503, str(e))]
             else:
                 return [t for t, out in zip(tasks, outcomes) if self._may_run(t, out.status_code, out.detail)]
         return [t for t in tasks if self._processing(t)]

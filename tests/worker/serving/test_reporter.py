@@ -170,3 +170,19 @@ def test_a_lease_calls_processing_reports_go_in_one_call_and_a_lost_lease_is_not
     assert client.reports == [("a", "processing"), ("b", "processing"), ("c", "processing")]
     assert client.calls == ([3] if batches else [1, 1, 1])
     assert [h.task.id for h in state.held()] == ["a", "c"]  # b's renewal ended: it never runs
+
+
+def test_processing_reports_that_cannot_be_delivered_together_are_not_sent_again_one_by_one():
+    from worker.serving.queue_client import Unavailable
+
+    class DownClient(RecordingClient):
+        def report_many(self, reports, deadline_s):
+            self.calls.append(len(reports))
+            raise Unavailable("POST /v1/reports: ConnectError")  # after its retries, within the deadline
+
+    client, state = DownClient(), WorkerState()
+    tasks = [task(t) for t in "ab"]
+    for t in tasks:
+        state.begin(t, "admit", 10.0)
+    assert Reporter(client, lambda: "w-1", state, deadline_s=1.0).processing_all(tasks) == []
+    assert client.calls == [2] and client.reports == [] and state.held() == []
