@@ -178,22 +178,12 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse({"detail": errors}, status_code=422)
 
 
-async def _call(store: Store, fn, *args):
-    """A store call that changes state or reads one row. SQLite's run on the event loop: they are
-    in-process and short, and two thread hand-offs per request cost more than the call itself (the
-    benchmark's lease p50 went from 50 ms to 6 ms). PostgreSQL's wait on the network: thread pool.
-    Reads that may scan (lists, figures) always go to the thread pool."""
-    if store.inline:
-        return fn(*args)
-    return await run_in_threadpool(fn, *args)
-
-
 async def _sweep_forever(app: FastAPI) -> None:
     # Maintenance: expired leases, silent workers, old registrations. No request does this itself.
     while True:
         await asyncio.sleep(app.state.settings.sweep_interval_s)
         try:
-            if moved := await _call(app.state.store, app.state.store.sweep):
+            if moved := await app.state.store.acall(app.state.store.sweep):
                 app.state.waiters.notify(moved)
         except Exception:  # a locked or broken DB must not end the sweeper
             log.exception("lease sweep failed")
@@ -206,11 +196,11 @@ def _client_routes(app: FastAPI) -> None:
               dependencies=[Depends(client_auth)],
               responses={200: {"description": "idempotent replay"}, 409: {}, 429: {}})
     async def submit(body: SubmitTask, response: Response) -> TaskView:
-        if await _call(store, store.queued_count) >= app.state.settings.max_queued:
+        if await store.acall(store.queued_count) >= app.state.settings.max_queued:
             raise HTTPException(429, "queue is full", headers={
                 "Retry-After": str(app.state.settings.retry_after_s)})
         try:
-            task, created = await _call(store, store.submit, body)
+            task, created = await store.acall(store.submit, body)
         except Conflict as e:
             raise HTTPException(409, str(e)) from e
         if created:
@@ -223,11 +213,11 @@ def _client_routes(app: FastAPI) -> None:
               dependencies=[Depends(client_auth)], responses={409: {}, 429: {}})
     async def submit_batch(body: SubmitBatch) -> SubmittedBatch:
         """Many tasks in one call and one transaction: all are stored, or none."""
-        if await _call(store, store.queued_count) + len(body.tasks) > app.state.settings.max_queued:
+        if await store.acall(store.queued_count) + len(body.tasks) > app.state.settings.max_queued:
             raise HTTPException(429, "queue is full", headers={
                 "Retry-After": str(app.state.settings.retry_after_s)})
         try:
-            out = await _call(store, store.submit_many, body.tasks)
+            out = await store.acall(store.submit_many, body.tasks)
         except Conflict as e:
             raise HTTPException(409, str(e)) from e
         app.state.waiters.notify(sum(created for _, created in out))
@@ -237,13 +227,13 @@ def _client_routes(app: FastAPI) -> None:
     async def queue_figures() -> QueueFigures:
         """Depth per priority, the oldest queued task's age, tasks ended in the last 1, 5 and 15
         minutes, workers by status: for autoscalers and dashboards."""
-        return await run_in_threadpool(store.figures)
+        return await run_in_threadpool(store.figures)  # may scan: never on the event loop
 
     @app.get("/v1/tasks/{task_id}", response_model=TaskView, tags=["clients"],
              dependencies=[Depends(client_auth)], responses={404: {}})
     async def get_task(task_id: str) -> TaskView:
         try:
-            return await _call(store, store.get, task_id)
+            return await store.acall(store.get, task_id)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
 
@@ -260,7 +250,7 @@ def _worker_routes(app: FastAPI) -> None:
     @app.post("/v1/workers", status_code=201, response_model=Registered, tags=["workers"],
               dependencies=auth)
     async def register(body: RegisterWorker) -> Registered:
-        worker_id, requeued = await _call(store, store.register, body)
+        worker_id, requeued = await store.acall(store.register, body)
         log.info("registered %s: %s, %d rank(s), model %s, node %s", worker_id, body.hostname,
                  body.world_size, body.model, body.node_id)
         if requeued:
@@ -298,7 +288,7 @@ def _worker_routes(app: FastAPI) -> None:
               dependencies=auth, responses={404: {}})
     async def heartbeat(worker_id: str, body: Heartbeat) -> HeartbeatReply:
         try:
-            return await _call(store, store.heartbeat, worker_id, body)
+            return await store.acall(store.heartbeat, worker_id, body)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
 

@@ -93,8 +93,8 @@ class Window:
 
     def figures(self, done_at: list[float], leases: list[tuple[float, float, int]]) -> dict:
         steady = self.start is not None and self.end is not None and self.end - self.start > 0
-        lo, hi = (self.start, self.end) if steady else (min(t for t, _, _ in leases), max(done_at))
-        ms = sorted(m for t, m, n in leases if lo <= t <= hi and n)
+        lo, hi = self.start, self.end
+        ms = sorted(m for t, m, n in leases if n and lo <= t <= hi) if steady else []
         if not ms:  # a run too short to have a steady part: the whole run, and said so
             steady, lo, hi = False, min(t for t, _, _ in leases), max(done_at)
             ms = sorted(m for t, m, n in leases if n)

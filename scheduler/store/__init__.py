@@ -16,11 +16,11 @@ def open_store(db: str | Path, **options) -> Store:
     """postgresql://...: PostgreSQL (psycopg, from the `postgres` extra); a file path: SQLite
     (created with its folder). Options: lease_ttl_s, max_attempts, liveness_s, retention_s;
     pool_size, PostgreSQL's connections per pool (ignored by SQLite)."""
-    pool_size = options.pop("pool_size", None)
     if str(db).startswith(("postgresql://", "postgres://")):
         from scheduler.store.postgres import PostgresStore  # psycopg only where it is used
 
-        return PostgresStore(str(db), **options, **({"pool_size": pool_size} if pool_size else {}))
+        return PostgresStore(str(db), **options)
+    options.pop("pool_size", None)  # no pool in-process
     path = Path(db)
     path.parent.mkdir(parents=True, exist_ok=True)
     return SQLiteStore(path, **options)

@@ -4,7 +4,7 @@ from a task or worker row (both backends keep the same columns, JSON held as tex
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from protocol import (
@@ -75,6 +75,9 @@ class Store(Protocol):
     async def aopen(self) -> None: ...
 
     async def aclose(self) -> None: ...
+
+    async def acall(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Any of the blocking calls above, from the event loop (on it, or on a thread)."""
 
     async def aclaim(self, worker_id: str, max_tasks: int) -> list[Lease]: ...
 

@@ -9,7 +9,7 @@ behind a load balancer sharing one database and coordinating through it alone.
   async pool (each step one round trip; a round's reports pipelined by executemany); the others
   use the blocking pool from the app's thread pool. Pool connections are in autocommit.
 - New work is announced with NOTIFY on commit: every scheduler process LISTENs and wakes its own
-  long-polling lease requests (at most as many as the tasks), besides their one-second fallback.
+  long-polling lease requests (at most as many as the tasks), besides their poll_s fallback.
 - Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
 """
 

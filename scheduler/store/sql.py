@@ -142,10 +142,11 @@ class SQLStore:
         return [row for one in args for row in db.execute(sql, one).fetchall()]
 
     async def _arun(self, plan: Plan) -> Any:
-        return await self._aside(self._run, plan)
+        return await self.acall(self._run, plan)
 
-    async def _aside(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A blocking call from the event loop: made there when `inline`, else on a thread."""
+    async def acall(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """One of this store's blocking calls, from the event loop: made there when `inline`
+        (SQLite: in-process and short, cheaper than two thread hand-offs), else on a thread."""
         if self.inline:
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
@@ -294,7 +295,7 @@ class SQLStore:
     async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
         if _alike(items):
             return await self._arun(self._report_alike(items))
-        return await self._aside(self._report_each, items)
+        return await self.acall(self._report_each, items)
 
     def _report_each(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
         now = self._clock()
@@ -332,7 +333,7 @@ class SQLStore:
             if task_id in changed:
                 out.append(task_view(changed[task_id]))
             elif found := (yield Read("SELECT status FROM tasks WHERE id = ?", (task_id,))):
-                out.append(Conflict(f"lease on task {task_id} is not held by this token (status {found[0]['status']})"))
+                out.append(_not_held(task_id, found[0]["status"]))
             else:
                 out.append(NotFound(f"no task {task_id}"))
         return out
@@ -342,7 +343,7 @@ class SQLStore:
         if (row["status"] not in ("leased", "processing") or row["lease_token"] is None
                 or not secrets.compare_digest(row["lease_token"].encode(), rep.lease_token.encode())
                 or row["worker_id"] != rep.worker_id or row["lease_deadline"] < now):
-            raise Conflict(f"lease on task {task_id} is not held by this token (status {row['status']})")
+            raise _not_held(task_id, row["status"])
         if rep.status == "processing":
             row = db.execute("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
                              " started_at = COALESCE(started_at, ?) WHERE id = ? RETURNING *",
@@ -446,6 +447,10 @@ def _alike(items: list[tuple[str, Report]]) -> bool:
     return (bool(items) and items[0][1].status in ("processing", "succeeded")
             and all(rep.status == items[0][1].status for _, rep in items)
             and len({task_id for task_id, _ in items}) == len(items))
+
+
+def _not_held(task_id: str, status: str) -> Conflict:
+    return Conflict(f"lease on task {task_id} is not held by this token (status {status})")
 
 
 def _raised(out: TaskView | NotFound | Conflict) -> TaskView:

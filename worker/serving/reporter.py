@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
-from protocol import ErrorCode, ErrorEnvelope, Report, TaskReport, TaskResult
+from protocol import ErrorCode, ErrorEnvelope, Report, ReportOutcome, TaskReport, TaskResult
 from worker.serving.heartbeat import WorkerState
 from worker.serving.queue_client import LeaseLost, NotFound, QueueClient, QueueError
 from worker.serving.task import Task
@@ -51,9 +51,7 @@ class Reporter:
         delivered) are ended here and must not run."""
         if len(tasks) > 1 and self._batching:
             try:
-                outcomes = self._client.report_many(
-                    [TaskReport(task_id=t.id, **self._report(t, "processing").model_dump()) for t in tasks],
-                    deadline_s=self._deadline_s)
+                outcomes = self._send_batch([(t, self._report(t, "processing")) for t in tasks])
             except NotFound:
                 self._no_batches()
             except QueueError as e:  # undeliverable within the deadline: none may run, none retried alone
@@ -87,9 +85,6 @@ class Reporter:
     def release(self, task: Task, deadline_s: float | None = None) -> None:
         """Leased but never started: back in the queue at once, and the attempt does not count."""
         self._send(task, self._report(task, "released"), deadline_s)
-
-    def deliver(self, task: Task, settled: Settled) -> None:
-        self.deliver_all([(task, settled)])
 
     def deliver_all(self, done: list[tuple[Task, Settled]]) -> None:
         """Final reports of finished tasks, in one call when there are several."""
@@ -144,11 +139,14 @@ class Reporter:
     def _report(self, task: Task, status: str, **payload) -> Report:
         return Report(worker_id=self._worker_id(), lease_token=task.lease.lease_token, status=status, **payload)
 
+    def _send_batch(self, sends: list[tuple[Task, Report]]) -> list[ReportOutcome]:
+        return self._client.report_many([TaskReport(task_id=t.id, **r.model_dump()) for t, r in sends],
+                                        deadline_s=self._deadline_s)
+
     def _send_together(self, sends: list[tuple[Task, Report]]) -> None:
         t0 = time.perf_counter()
         try:
-            outcomes = self._client.report_many([TaskReport(task_id=t.id, **r.model_dump()) for t, r in sends],
-                                                deadline_s=self._deadline_s)
+            outcomes = self._send_batch(sends)
         except NotFound:
             self._no_batches()
             for task, report in sends:
