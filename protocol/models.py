@@ -161,6 +161,7 @@ class QueueFigures(_Strict):
 class DeviceInfo(_Strict):
     name: str = Field(max_length=200)
     memory_bytes: int = Field(ge=0)
+    uuid: str | None = Field(None, max_length=100, description="the GPU's UUID, where there is one")
 
 
 class RegisterWorker(_Strict):
@@ -172,6 +173,8 @@ class RegisterWorker(_Strict):
     node_id: str | None = Field(None, min_length=1, max_length=255, description=(
         "the same across restarts of one launch (e.g. host and torchrun run id): a registration with "
         "it replaces the earlier ones, whose leased tasks are requeued at once"))
+    ops_url: str | None = Field(None, max_length=300, pattern=r"^https?://", description=(
+        "the worker's /metrics, /livez and /readyz; listed for status pages and Prometheus discovery"))
 
 
 class Registered(_Strict):
@@ -187,6 +190,7 @@ class WorkerView(_Strict):
     model: str
     version: str
     node_id: str | None = None
+    ops_url: str | None = None
     status: RegistrationStatus
     in_flight: list[str]
     warnings: list[str] = Field([], description="e.g. a safety check switched off by config")

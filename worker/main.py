@@ -94,7 +94,8 @@ def _handle_signals(coordinator: Coordinator | None) -> None:
 def _describe(device: torch.device) -> DeviceInfo:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        return DeviceInfo(name=props.name, memory_bytes=props.total_memory)
+        # The UUID lets rank 0 find this GPU in NVML (temperature, power, clocks) when on its host.
+        return DeviceInfo(name=props.name, memory_bytes=props.total_memory, uuid=str(props.uuid))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return DeviceInfo(name=f"cpu ({platform.machine()})", memory_bytes=memory)
 

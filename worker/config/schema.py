@@ -226,6 +226,19 @@ class DeadlinesConfig(Section):
 
 class LoggingConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # One JSON object per line (for log shippers), or readable text; auto: text on a terminal.
+    format: Literal["auto", "json", "text"] = "auto"
+
+
+class OpsConfig(Section):
+    """Rank 0's HTTP endpoint for operators: /metrics (Prometheus), /livez, /readyz. The address
+    goes to the scheduler at registration, so its status page and Prometheus can find every worker."""
+
+    enabled: bool = True
+    host: str = "0.0.0.0"
+    # 0: any free port (logged and registered). Give each worker on one host its own.
+    port: int = Field(9400, ge=0, le=65535)
+    gpu_metrics: bool = Field(True, description="temperature, power, clocks, utilisation via NVML where present")
 
 
 class WorkerConfig(Section):
@@ -244,6 +257,7 @@ class WorkerConfig(Section):
     safety: SafetyConfig
     deadlines: DeadlinesConfig
     logging: LoggingConfig
+    ops: OpsConfig
 
     @model_validator(mode="before")
     @classmethod

@@ -30,6 +30,8 @@ from worker.serving.admission import Admission
 from worker.serving.heartbeat import WorkerState
 from worker.serving.intake import Intake
 from worker.serving.leasing import Leaser
+from worker.serving.metrics import Metrics
+from worker.serving.ops import Health, OpsServer
 from worker.serving.post import PostStage
 from worker.serving.queue_client import QueueClient
 from worker.serving import sizing
@@ -49,8 +51,9 @@ class Unhealthy(RuntimeError):
 
 class Coordinator:
     def __init__(self, cfg: WorkerConfig, ctx: DistContext, sizes: Sizes, client: QueueClient, guard: Guard,
-                 post: PostStage, state: WorkerState) -> None:
+                 post: PostStage, state: WorkerState, metrics: Metrics) -> None:
         self.ctx = ctx
+        self.metrics = metrics
         self.guard = guard
         self.state = state
         self.post = post
@@ -65,10 +68,13 @@ class Coordinator:
         self._wait_s = min(self._keepalive_s, (d.stall_s - d.generate_s - d.check_s - d.encode_s - d.store_s) / 3)
         self._release_wait_s = cfg.queue.lease_wait_s + cfg.queue.timeout_s
         self._stop = threading.Event()
+        health = Health(state, cfg.deadlines.stall_s, cfg.distributed.load_timeout_s, self._stop.is_set)
+        self.ops = OpsServer(cfg.ops, metrics, health) if cfg.ops.enabled else None
+        self._gpu_metrics = cfg.ops.enabled and cfg.ops.gpu_metrics
         self.registration = Registration(client, self.state, cfg.queue.heartbeat_interval_s, ctx.world_size,
                                          cfg.model.name, ctx.node_id)
         self.reporter = Reporter(client, lambda: self.registration.worker_id, self.state,
-                                 cfg.queue.report_deadline_s)
+                                 cfg.queue.report_deadline_s, metrics)
         context = context_parallel(cfg.parallel, ctx.world_size)
         self._deadlines = cfg.deadlines
         self.watchdog = Watchdog(self.state, self.reporter, cfg.deadlines)
@@ -102,11 +108,17 @@ class Coordinator:
         log.info("round %d image(s) (%d slot(s) x batch %d); lease ahead %d; post pool %d thread(s), "
                  "at most %d unreported", sizes.round, sizes.slots, sizes.per_slot, sizes.lease_ahead,
                  sizes.post_workers, sizes.max_pending)
-        return cls(cfg, ctx, sizes, QueueClient(cfg.queue, token), guard, post, state)
+        coordinator = cls(cfg, ctx, sizes, QueueClient(cfg.queue, token), guard, post, state,
+                          Metrics(state, ctx.device))
+        if coordinator.ops is not None:  # now, so that liveness is answered while the model loads
+            coordinator.registration.ops_url = coordinator.ops.start()
+        return coordinator
 
     # ------------------------------------------------------------ lifecycle
 
     def register(self, devices: list[DeviceInfo]) -> None:
+        if self._gpu_metrics:
+            self.metrics.watch_gpus(devices)
         self.registration.register(devices)
 
     @property
@@ -139,6 +151,8 @@ class Coordinator:
             self.watchdog.stop()
             self.post.shutdown()
             self.registration.close()
+            if self.ops is not None:
+                self.ops.stop()
 
     # ------------------------------------------------------------ one turn
 
@@ -164,6 +178,7 @@ class Coordinator:
 
     def _generate(self, engine: Engine, batches: list[list[Task]]) -> list[lockstep.Outcome]:
         jobs = tuple(tuple(t.job for t in batch) for batch in batches)
+        self.metrics.round_generated(len(batch) for batch in batches)
         for batch in batches:
             for task in batch:
                 self.state.stage(task, "generate", self._deadlines.generate_s)

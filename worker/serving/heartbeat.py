@@ -46,6 +46,7 @@ class WorkerState:
         self._lost: set[str] = set()
         self._counters: dict[str, int] = {}
         self._progress = clock()
+        self._storage_failing = False
         self.warnings = list(warnings)  # set once at start, e.g. a safety check switched off
         self.changed = threading.Event()
         self.worker_unknown = threading.Event()  # scheduler forgot us: the serve loop re-registers
@@ -96,7 +97,9 @@ class WorkerState:
 
     def mark_lost(self, task_ids: list[str]) -> None:
         with self._lock:
-            self._lost.update(t for t in task_ids if t in self._held)
+            fresh = {t for t in task_ids if t in self._held} - self._lost
+            self._lost.update(fresh)
+            self._counters["leases_lost"] = self._counters.get("leases_lost", 0) + len(fresh)
 
     def is_lost(self, task: Task) -> bool:
         """Drop what this attempt produces: it was abandoned past a deadline, the scheduler says its
@@ -116,6 +119,18 @@ class WorkerState:
     def idle_s(self) -> float:
         with self._lock:
             return self._clock() - self._progress
+
+    # ------------------------------------------------------------ readiness
+
+    def storage_outcome(self, ok: bool) -> None:
+        """The last store attempt's outcome: readiness is withdrawn while storage is unavailable."""
+        with self._lock:
+            self._storage_failing = not ok
+
+    @property
+    def storage_failing(self) -> bool:
+        with self._lock:
+            return self._storage_failing
 
     # ------------------------------------------------------------ counters
 
@@ -176,8 +191,10 @@ class HeartbeatThread(threading.Thread):
             log.error("scheduler does not know worker %s; re-registering", self.worker_id)
             self._state.worker_unknown.set()
         except AuthError as e:
+            self._state.count("heartbeat_failures")
             log.error("heartbeat refused: %s", e)
         except QueueError as e:
+            self._state.count("heartbeat_failures")
             log.warning("heartbeat failed after retries: %s", e)
         else:
             self.beats += 1

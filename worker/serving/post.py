@@ -109,6 +109,7 @@ class PostStage:
                 obj = self.store.put(Artifact(job.task_id, data, content_type, task.lease.created_at,
                                                self._metadata(job)))
         except StorageUnavailable as e:
+            self.state.storage_outcome(False)
             return failure(ErrorCode.STORAGE_UNAVAILABLE, str(e), retryable=True)
         except ObjectConflict as e:  # another task's object under this task's name: a retry cannot fix it
             return failure(ErrorCode.STORAGE_CONFLICT, str(e), retryable=False)
@@ -117,6 +118,7 @@ class PostStage:
         except Exception as e:
             log.exception("task %s: storing failed", job.task_id)
             return failure(ErrorCode.STORAGE_FAILED, f"{type(e).__name__}: {e}", retryable=True)
+        self.state.storage_outcome(True)
         # The stored object's size and hash: an earlier attempt's, when it stored the object first.
         return TaskResult(uri=obj.uri, url=obj.url, content_type=content_type, width=job.width,
                           height=job.height, seed=job.seed, bytes=obj.bytes, sha256=obj.sha256,

@@ -36,11 +36,12 @@ class Registration:
         self._info: RegisterWorker | None = None
         self._heartbeat: HeartbeatThread | None = None
         self.worker_id = ""
+        self.ops_url: str | None = None  # where the scheduler's page and Prometheus find this worker
 
     def register(self, devices: list[DeviceInfo]) -> None:
         self._info = RegisterWorker(hostname=socket.gethostname(), world_size=self._world_size,
                                     devices=devices, model=self._model, version=_version(),
-                                    node_id=self._node_id)
+                                    node_id=self._node_id, ops_url=self.ops_url)
         self._register()
 
     def ensure(self) -> None:

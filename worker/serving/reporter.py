@@ -18,6 +18,7 @@ from concurrent.futures import Future, wait
 
 from protocol import ErrorCode, ErrorEnvelope, Report, ReportOutcome, TaskReport, TaskResult
 from worker.serving.heartbeat import WorkerState
+from worker.serving.metrics import FAILED_PREFIX, Metrics
 from worker.serving.queue_client import LeaseLost, NotFound, QueueClient, QueueError
 from worker.serving.task import Task
 
@@ -35,8 +36,9 @@ def failure(code: ErrorCode, message: str, *, retryable: bool, details: dict | N
 
 class Reporter:
     def __init__(self, client: QueueClient, worker_id: Callable[[], str], state: WorkerState,
-                 deadline_s: float) -> None:
+                 deadline_s: float, metrics: Metrics | None = None) -> None:
         self._client = client
+        self._metrics = metrics
         self._worker_id = worker_id  # read at report time: a re-registration changes it
         self._state = state
         self._deadline_s = deadline_s  # retries of one report; then the lease expiry takes over
@@ -70,6 +72,8 @@ class Reporter:
     def _may_run(self, task: Task, status_code: int, detail: str | None) -> bool:
         if status_code == 200:
             return True
+        if status_code == 409:
+            self._state.count("leases_lost")
         log.warning("task %s dropped before generation (%d): %s", task.id, status_code, detail)
         self._state.end(task)
         return False
@@ -161,6 +165,7 @@ class Reporter:
         for (task, report), out in zip(sends, outcomes):
             try:
                 if out.status_code == 409:
+                    self._state.count("leases_lost")
                     log.warning("task %s: lease lost, result not reported: %s", task.id, out.detail)
                 elif out.status_code != 200:
                     log.error("task %s: report refused (%d): %s", task.id, out.status_code, out.detail)
@@ -176,8 +181,12 @@ class Reporter:
 
     def _delivered(self, task: Task, rep: Report, elapsed_us: int) -> None:
         self._state.count(f"tasks_{rep.status}")
+        if rep.status == "failed":
+            self._state.count(f"{FAILED_PREFIX}{rep.error.code}")
         self._state.count("report_us_total", elapsed_us)
         self._state.count("reports")
+        if self._metrics is not None and rep.status != "released":
+            self._metrics.task_reported({**task.timings.as_dict(), "report": elapsed_us / 1e3})
         if rep.status == "succeeded":
             log.info("task %s succeeded: %s", task.id, rep.result.uri)
 
@@ -186,6 +195,7 @@ class Reporter:
         try:
             self._client.report(task.id, rep, deadline_s=deadline_s or self._deadline_s)
         except LeaseLost as e:
+            self._state.count("leases_lost")
             log.warning("task %s: lease lost, result not reported: %s", task.id, e)
         except QueueError as e:
             log.error("task %s: report undeliverable, lease will expire: %s", task.id, e)

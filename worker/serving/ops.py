@@ -1,0 +1,101 @@
+"""Rank 0's HTTP endpoint for operators, on a thread of its own (it never waits on the GPU):
+
+    GET /metrics   Prometheus exposition (serving.metrics)
+    GET /livez     200 while the serve loop makes progress (or loading is within its time); else 503
+    GET /readyz    200 once warmed up, checks loaded and storage writable, until draining; else 503
+
+Both health answers are JSON: {"ok": bool, "reason": str}. It starts before the model loads, so
+liveness is answered during a long load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from worker.config import ConfigError
+from worker.config.schema import OpsConfig
+from worker.serving.heartbeat import WorkerState
+from worker.serving.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Health:
+    state: WorkerState
+    stall_s: float  # deadlines.stall_s: a serve loop idle past it is stalled (the watchdog exits it)
+    load_s: float  # distributed.load_timeout_s: loading and warm-up past it are stuck
+    draining: Callable[[], bool]
+
+    def live(self) -> tuple[bool, str]:
+        idle = self.state.idle_s()
+        if self.state.status == "initializing":
+            return (idle <= self.load_s, f"loading for {idle:.0f}s (limit {self.load_s:.0f}s)")
+        if idle > self.stall_s:
+            return False, f"serve loop stalled: no finished turn for {idle:.0f}s (limit {self.stall_s:.0f}s)"
+        return True, f"serve loop turned {idle:.1f}s ago"
+
+    def ready(self) -> tuple[bool, str]:
+        status = self.state.status
+        if status == "initializing":
+            return False, "loading and warming up"
+        if self.draining() or status == "draining":
+            return False, "draining: no new work"
+        if self.state.storage_failing:
+            return False, "storage unavailable: the last store attempt failed"
+        return True, "ready"
+
+
+class OpsServer:
+    def __init__(self, cfg: OpsConfig, metrics: Metrics, health: Health) -> None:
+        self._cfg = cfg
+        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._health = health
+        self._server: ThreadingWSGIServer | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        """Listens (a busy port is a config error naming ops.port) and serves on a daemon thread."""
+        try:
+            self._server = make_server(self._cfg.host, self._cfg.port, self._app, ThreadingWSGIServer,
+                                       handler_class=_QuietHandler)
+        except OSError as e:
+            raise ConfigError(f"ops.port: cannot listen on {self._cfg.host}:{self._cfg.port}: {e}") from e
+        self._server.daemon_threads = True
+        port = self._server.server_port
+        host = self._cfg.host if self._cfg.host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        self.url = f"http://{host}:{port}"
+        threading.Thread(target=self._server.serve_forever, name="ops-http", daemon=True).start()
+        log.info("metrics and health on %s (/metrics, /livez, /readyz)", self.url)
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def _app(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return self._metrics_app(environ, start_response)
+        probes = {"/livez": self._health.live, "/readyz": self._health.ready}
+        if path not in probes:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: /metrics, /livez, /readyz\n"]
+        ok, reason = probes[path]()
+        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
+        return [json.dumps({"ok": ok, "reason": reason}).encode()]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:  # a scrape every few seconds is not news
+        pass
