@@ -37,6 +37,9 @@ from protocol import (
     TaskView,
     WorkerView,
 )
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from scheduler.metrics import RequestTimer, SchedulerMetrics, prometheus_targets
 from scheduler.store import Conflict, NotFound, Store
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ class Settings:
     max_body_bytes: int = 1 << 20  # 413 beyond: a task's input is a prompt and a few numbers
     sweep_interval_s: float = 1.0
     retry_after_s: int = 5
+    ready_deadline_s: float = 2.0  # /readyz: the database's answer within this
     # A waiting lease request looks again this often without a wake-up: the fallback for a missed
     # NOTIFY. Wake-ups (local, or NOTIFY from other processes) make new work visible at once.
     poll_s: float = 5.0
@@ -120,16 +124,40 @@ def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
     app = FastAPI(title="dit-worker reference scheduler", version="1", lifespan=lifespan)
     app.state.store = store
     app.state.settings = settings
+    app.state.metrics = metrics = SchedulerMetrics(store)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestTimer, metrics=metrics)  # outermost: a 413 is timed too
     app.add_exception_handler(RequestValidationError, _validation_error)
     _client_routes(app)
     _worker_routes(app)
+    _ops_routes(app)
+    return app
 
+
+def _ops_routes(app: FastAPI) -> None:
+    """For load balancers, orchestrators and Prometheus; no auth (nothing here is a secret)."""
+    store: Store = app.state.store
+
+    @app.get("/livez", tags=["ops"])
     @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict[str, str]:
+    async def livez() -> dict[str, str]:
+        """The process answers: its event loop turns."""
         return {"status": "ok"}
 
-    return app
+    @app.get("/readyz", tags=["ops"], responses={503: {"description": "database unreachable"}})
+    async def readyz() -> JSONResponse:
+        """Ready to serve: the database answers within the deadline."""
+        try:
+            await asyncio.wait_for(store.acall(store.ping), app.state.settings.ready_deadline_s)
+        except Exception as e:  # unreachable, refused, timed out: not ready, whatever the cause
+            reason = f"database unreachable: {type(e).__name__}: {e}"[:500]
+            return JSONResponse({"ok": False, "reason": reason}, status_code=503)
+        return JSONResponse({"ok": True, "reason": "database reachable"})
+
+    @app.get("/metrics", tags=["ops"], include_in_schema=False)
+    async def metrics() -> Response:
+        body = await run_in_threadpool(app.state.metrics.exposition)  # reads the database
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 class BodyLimit:
@@ -191,18 +219,22 @@ async def _sweep_forever(app: FastAPI) -> None:
 
 def _client_routes(app: FastAPI) -> None:
     store: Store = app.state.store
+    submissions = app.state.metrics.submissions
 
     @app.post("/v1/tasks", status_code=201, response_model=TaskView, tags=["clients"],
               dependencies=[Depends(client_auth)],
               responses={200: {"description": "idempotent replay"}, 409: {}, 429: {}})
     async def submit(body: SubmitTask, response: Response) -> TaskView:
         if await store.acall(store.queued_count) >= app.state.settings.max_queued:
+            submissions.labels("refused").inc()
             raise HTTPException(429, "queue is full", headers={
                 "Retry-After": str(app.state.settings.retry_after_s)})
         try:
             task, created = await store.acall(store.submit, body)
         except Conflict as e:
+            submissions.labels("conflict").inc()
             raise HTTPException(409, str(e)) from e
+        submissions.labels("created" if created else "replayed").inc()
         if created:
             app.state.waiters.notify(1)
         else:
@@ -214,13 +246,18 @@ def _client_routes(app: FastAPI) -> None:
     async def submit_batch(body: SubmitBatch) -> SubmittedBatch:
         """Many tasks in one call and one transaction: all are stored, or none."""
         if await store.acall(store.queued_count) + len(body.tasks) > app.state.settings.max_queued:
+            submissions.labels("refused").inc(len(body.tasks))
             raise HTTPException(429, "queue is full", headers={
                 "Retry-After": str(app.state.settings.retry_after_s)})
         try:
             out = await store.acall(store.submit_many, body.tasks)
         except Conflict as e:
+            submissions.labels("conflict").inc(len(body.tasks))
             raise HTTPException(409, str(e)) from e
-        app.state.waiters.notify(sum(created for _, created in out))
+        created = sum(c for _, c in out)
+        submissions.labels("created").inc(created)
+        submissions.labels("replayed").inc(len(out) - created)
+        app.state.waiters.notify(created)
         return SubmittedBatch(tasks=[t for t, _ in out], created=[c for _, c in out])
 
     @app.get("/v1/queue", response_model=QueueFigures, tags=["clients"], dependencies=[Depends(client_auth)])
@@ -245,6 +282,7 @@ def _client_routes(app: FastAPI) -> None:
 
 def _worker_routes(app: FastAPI) -> None:
     store: Store = app.state.store
+    metrics: SchedulerMetrics = app.state.metrics
     auth = [Depends(worker_auth)]
 
     @app.post("/v1/workers", status_code=201, response_model=Registered, tags=["workers"],
@@ -261,6 +299,12 @@ def _worker_routes(app: FastAPI) -> None:
     @app.get("/v1/workers", response_model=list[WorkerView], tags=["workers"], dependencies=auth)
     async def list_workers() -> list[WorkerView]:
         return await run_in_threadpool(store.workers)
+
+    @app.get("/v1/workers/targets", tags=["workers"], dependencies=[Depends(client_auth)])
+    async def metrics_targets() -> list[dict]:
+        """Every live worker's /metrics in Prometheus's HTTP service discovery format
+        (http_sd_configs): launch a node and Prometheus finds it."""
+        return prometheus_targets(await run_in_threadpool(store.workers))
 
     @app.post("/v1/workers/{worker_id}/lease", response_model=LeaseResponse, tags=["workers"],
               dependencies=auth, responses={204: {"description": "no work within wait_s"}, 404: {}})
@@ -282,6 +326,7 @@ def _worker_routes(app: FastAPI) -> None:
                 waiters.leave(woken, served=bool(got))
         if not got:
             return Response(status_code=204)
+        metrics.leases.inc(len(got))
         return LeaseResponse(leases=got)
 
     @app.post("/v1/workers/{worker_id}/heartbeat", response_model=HeartbeatReply, tags=["workers"],
@@ -299,7 +344,8 @@ def _worker_routes(app: FastAPI) -> None:
         items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in body.reports]
         outcomes = await store.areport_many(items)
         results = []
-        for (task_id, _), out in zip(items, outcomes):
+        for (task_id, rep), out in zip(items, outcomes):
+            metrics.reports.labels(rep.status, _report_outcome(out)).inc()
             if isinstance(out, TaskView):
                 results.append(ReportOutcome(task_id=task_id, status_code=200, task=out))
             else:
@@ -314,10 +360,14 @@ def _worker_routes(app: FastAPI) -> None:
     async def report(task_id: str, body: Report) -> TaskView:
         try:
             task = await store.areport(task_id, body)
-        except NotFound as e:
-            raise HTTPException(404, str(e)) from e
-        except Conflict as e:
-            raise HTTPException(409, str(e)) from e
+        except (NotFound, Conflict) as e:
+            metrics.reports.labels(body.status, _report_outcome(e)).inc()
+            raise HTTPException(404 if isinstance(e, NotFound) else 409, str(e)) from e
+        metrics.reports.labels(body.status, "accepted").inc()
         if task.status == "queued":  # a retryable failure or a release went back to the queue
             app.state.waiters.notify(1)
         return task
+
+
+def _report_outcome(out: object) -> str:
+    return "not_found" if isinstance(out, NotFound) else "conflict" if isinstance(out, Conflict) else "accepted"

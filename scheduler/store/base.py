@@ -4,6 +4,7 @@ from a task or worker row (both backends keep the same columns, JSON held as tex
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -35,6 +36,9 @@ class Store(Protocol):
     max_attempts: int
     location: str  # the file or URL it was opened on
     inline: bool  # calls are in-process and short: the app makes them on its event loop
+    # Held tasks this process took back (expired lease, lost or restarted worker), by (reason code,
+    # "queued" or "failed"); a tally for /metrics.
+    reclaimed: Counter[tuple[str, str]]
 
     def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
         """(task, created). A repeated idempotency key returns the first task."""
@@ -45,6 +49,9 @@ class Store(Protocol):
     def get(self, task_id: str) -> TaskView: ...
 
     def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]: ...
+
+    def ping(self) -> None:
+        """One round trip to the database; raises when it cannot be reached."""
 
     def queued_count(self) -> int: ...
 

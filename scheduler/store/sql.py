@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -89,6 +91,9 @@ class SQLStore:
         self.liveness_s = liveness_s  # a worker silent this long is lost; its tasks go back
         self.retention_s = retention_s  # lost and replaced registrations are kept this long
         self._clock = clock
+        # Held tasks this process took back, by (reason code, "queued" or "failed"): for /metrics.
+        self.reclaimed: Counter[tuple[str, str]] = Counter()
+        self._reclaimed_lock = threading.Lock()
 
     # ------------------------------------------------------------ backend hooks
 
@@ -192,6 +197,10 @@ class SQLStore:
         else:
             rows = self._read().execute("SELECT * FROM tasks ORDER BY seq LIMIT ? OFFSET ?", (limit, offset)).fetchall()
         return [task_view(r) for r in rows]
+
+    def ping(self) -> None:
+        """One round trip to the database: raises when it cannot be reached."""
+        self._read().execute("SELECT 1 AS one").fetchone()
 
     def queued_count(self) -> int:
         return self._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE status = 'queued'").fetchone()["n"]
@@ -424,6 +433,8 @@ class SQLStore:
                               message=f"{why} (attempt {row['attempts']} of {row['max_attempts']}){last}")
         nxt = leases.after_expiry(row["attempts"], row["max_attempts"])
         self._release(db, row["id"], nxt, error if nxt == "failed" else None, now)
+        with self._reclaimed_lock:
+            self.reclaimed[(str(code), nxt)] += 1
 
     @staticmethod
     def _release(db: Any, task_id: str, nxt: str, error: ErrorEnvelope | None, now: float) -> Any:

@@ -1,0 +1,111 @@
+"""The scheduler's Prometheus metrics (prometheus-client), one registry per app.
+
+Events this process handled are counted as they happen (submissions, leases granted, reports by
+status and outcome, request latency per route; held tasks taken back come from the store's own
+tally). The queue's state (depth per priority, oldest queued age, running, workers by status) is read
+from the database at scrape time, so every scheduler process on one database reports the same
+values: aggregate those with max(), the counters with sum().
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client import PlatformCollector, ProcessCollector
+
+from protocol import WorkerView
+from scheduler.store import Store
+
+# Long polls (lease) last up to their wait_s: the upper buckets are for them.
+LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, float("inf"))
+REGISTRATION_STATUSES = ("initializing", "ready", "draining", "replaced", "lost")
+
+
+class SchedulerMetrics:
+    def __init__(self, store: Store, *, process: bool = True) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.submissions = Counter("dit_scheduler_submissions", "Tasks submitted, by result",
+                                   ["result"], registry=r)  # created, replayed (idempotency key), refused
+        self.leases = Counter("dit_scheduler_leases_granted", "Tasks leased to workers", registry=r)
+        self.reports = Counter("dit_scheduler_reports", "Worker reports, by status and outcome",
+                               ["status", "outcome"], registry=r)  # outcome: accepted, conflict, not_found
+        self.requests = Histogram("dit_scheduler_request_seconds", "Request latency by route (lease: with its wait)",
+                                  ["method", "route", "code"], buckets=LATENCY_BUCKETS, registry=r)
+        r.register(QueueCollector(store))
+        if process:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+
+    def exposition(self) -> bytes:
+        """The text format; reads the database (call it off the event loop)."""
+        return generate_latest(self.registry)
+
+
+class QueueCollector(Collector):
+    """The queue as the database holds it, read per scrape."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        fig = self._store.figures()
+        depth = GaugeMetricFamily("dit_scheduler_queue_depth", "Queued tasks, by priority", labels=["priority"])
+        for priority, n in sorted(fig.queued_by_priority.items(), key=lambda kv: int(kv[0])):
+            depth.add_metric([priority], n)
+        yield depth
+        yield GaugeMetricFamily("dit_scheduler_queued", "Queued tasks, all priorities", value=fig.queued)
+        yield GaugeMetricFamily("dit_scheduler_oldest_queued_age_seconds", "Age of the oldest queued task (0: none)",
+                                value=fig.oldest_queued_age_s or 0.0)
+        yield GaugeMetricFamily("dit_scheduler_running", "Tasks leased or processing", value=fig.running)
+        workers = GaugeMetricFamily("dit_scheduler_workers", "Worker registrations, by status", labels=["status"])
+        for status in REGISTRATION_STATUSES:
+            workers.add_metric([status], fig.workers_by_status.get(status, 0))
+        yield workers
+        reclaimed = CounterMetricFamily("dit_scheduler_leases_reclaimed",
+                                        "Held tasks taken back from workers (this process), by reason and result",
+                                        labels=["reason", "result"])
+        for (reason, result), n in sorted(self._store.reclaimed.items()):
+            reclaimed.add_metric([reason, result], n)
+        yield reclaimed
+
+
+class RequestTimer:
+    """ASGI middleware: each request's latency by method, route template and status code."""
+
+    def __init__(self, app, metrics: SchedulerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        code = {"value": 500}
+
+        async def seen(message) -> None:
+            if message["type"] == "http.response.start":
+                code["value"] = message["status"]
+            await send(message)
+
+        t0 = time.perf_counter()
+        try:
+            await self.app(scope, receive, seen)
+        finally:
+            route = scope.get("route")
+            self.metrics.requests.labels(scope["method"], getattr(route, "path", "unmatched"),
+                                         str(code["value"])).observe(time.perf_counter() - t0)
+
+
+def prometheus_targets(workers: list[WorkerView]) -> list[dict]:
+    """Prometheus HTTP service discovery (http_sd_configs): every live worker's /metrics."""
+    out = []
+    for w in workers:
+        if w.ops_url and w.status not in ("lost", "replaced"):
+            out.append({"targets": [w.ops_url.split("://", 1)[1].rstrip("/")],
+                        "labels": {"worker_id": w.id, "hostname": w.hostname, "node_id": w.node_id or "",
+                                   "__scheme__": w.ops_url.split("://", 1)[0]}})
+    return out
