@@ -46,7 +46,9 @@ class Stack:
 
     def overrides(self, extra: list[str] = ()) -> list[str]:
         return [f"queue.url={self.url}", f"storage.local.root={self.images}", f"model.source={self.model}",
-                "queue.heartbeat_interval_s=1.0", "safety.text.backend=profanity", *extra]
+                "queue.heartbeat_interval_s=1.0", "safety.text.backend=profanity",
+                # Rank 0's /metrics and health on a free loopback port; the registration names it.
+                "ops.host=127.0.0.1", "ops.port=0", *extra]
 
     def worker(self, nproc: int = 2, overrides: list[str] = (), max_restarts: int = 0,
                env: dict[str, str] | None = None) -> Proc:

@@ -70,7 +70,12 @@ class Admission:
             self.reporter.fail(task, ErrorCode.INVALID_REQUEST, str(e), retryable=False)
             return False
         with task.timings.stage("text_check"):
-            return self._prompt_allowed(task)
+            refusal = self._prompt_refusal(task)
+        if refusal is not None:  # reported once the check's time is recorded: it is part of the report
+            code, message, retryable, details = refusal
+            self.reporter.fail(task, code, message, retryable=retryable, details=details)
+            return False
+        return True
 
     def _validate(self, task: Task) -> Job:
         job = validate_task(task.id, task.lease.input, self.limits)
@@ -81,16 +86,14 @@ class Admission:
                 raise InvalidRequest(why)
         return job
 
-    def _prompt_allowed(self, task: Task) -> bool:
-        """The text check, before any GPU work. A refusal is final; a failing check is retryable."""
+    def _prompt_refusal(self, task: Task) -> tuple[ErrorCode, str, bool, dict | None] | None:
+        """The text check, before any GPU work: None when the prompt may run, else the failure
+        (code, message, retryable, details). A refusal is final; a failing check is retryable."""
         try:
             verdict = self.guard.screen_prompt(task.job.prompt)
         except CheckFailed as e:
-            self.reporter.fail(task, ErrorCode.SAFETY_CHECK_FAILED, str(e), retryable=True)
-            return False
+            return ErrorCode.SAFETY_CHECK_FAILED, str(e), True, None
         if verdict is None or not verdict.refused:
-            return True
+            return None
         self.state.count("prompts_refused")
-        self.reporter.fail(task, ErrorCode.UNSAFE_PROMPT, f"prompt refused: {verdict.describe()}",
-                            retryable=False, details=verdict.details())
-        return False
+        return ErrorCode.UNSAFE_PROMPT, f"prompt refused: {verdict.describe()}", False, verdict.details()
