@@ -15,6 +15,7 @@ import torch
 
 from protocol import DeviceInfo
 from safety.verdicts import SafetyLoadError
+from telemetry import logs
 from worker.config import ConfigError, load_config
 from worker.model import speed
 from worker.model.engine import Engine
@@ -36,7 +37,7 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    _setup_logging(cfg.logging.level, rank=int(os.environ.get("RANK", "0")))
+    logs.configure(cfg.logging.level, cfg.logging.format, rank=int(os.environ.get("RANK", "0")))
     try:
         ctx = distributed.init_distributed(cfg.distributed, cfg.model.device, COORDINATOR_RANK, cfg.model.dtype)
     except ConfigError as e:
@@ -98,11 +99,3 @@ def _describe(device: torch.device) -> DeviceInfo:
         return DeviceInfo(name=props.name, memory_bytes=props.total_memory, uuid=str(props.uuid))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return DeviceInfo(name=f"cpu ({platform.machine()})", memory_bytes=memory)
-
-
-def _setup_logging(level: str, rank: int) -> None:
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    # Libraries log progress bars and chatter at INFO; keep the worker's own lines readable.
-    for noisy in ("httpx", "httpcore", "diffusers", "transformers", "urllib3", "onnxruntime"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))

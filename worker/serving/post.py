@@ -60,7 +60,8 @@ class PostStage:
         if refusal is not None:
             return self._done(task, refusal)
         if self.state.is_lost(task):  # a newer attempt owns the task and its object, or it ran out of time
-            log.warning("task %s: lease lost or deadline passed; result discarded", task.id)
+            log.warning("task %s: lease lost or deadline passed; result discarded", task.id,
+                        extra=task.fields(stage="check"))
             return None
         return self._done(task, self._stored(task, out))
 

@@ -74,14 +74,16 @@ class Reporter:
             return True
         if status_code == 409:
             self._state.count("leases_lost")
-        log.warning("task %s dropped before generation (%d): %s", task.id, status_code, detail)
+        log.warning("task %s dropped before generation (%d): %s", task.id, status_code, detail,
+                    extra=task.fields(stage="admit"))
         self._state.end(task)
         return False
 
     def fail(self, task: Task, code: ErrorCode, message: str, *, retryable: bool,
              details: dict | None = None, deadline_s: float | None = None) -> None:
         """Reports the failure now, whatever stage the task is in."""
-        log.info("task %s failed: %s: %s", task.id, code, message)
+        log.info("task %s failed: %s: %s", task.id, code, message,
+                 extra=task.fields(error_code=str(code), duration_ms=task.age_ms()))
         error = failure(code, message, retryable=retryable, details=details)
         self._send(task, self._report(task, "failed", error=error.model_copy(update={"worker_id": self._worker_id()})),
                    deadline_s)
@@ -97,7 +99,8 @@ class Reporter:
             if settled is None or self._state.is_lost(task):  # a newer attempt reports, or it was failed late
                 self._state.end(task)
             elif isinstance(settled, ErrorEnvelope):
-                log.info("task %s failed: %s: %s", task.id, settled.code, settled.message)
+                log.info("task %s failed: %s: %s", task.id, settled.code, settled.message,
+                         extra=task.fields(error_code=str(settled.code), duration_ms=task.age_ms()))
                 error = settled.model_copy(update={"worker_id": self._worker_id()})
                 sends.append((task, self._report(task, "failed", error=error)))
             else:
@@ -166,9 +169,11 @@ class Reporter:
             try:
                 if out.status_code == 409:
                     self._state.count("leases_lost")
-                    log.warning("task %s: lease lost, result not reported: %s", task.id, out.detail)
+                    log.warning("task %s: lease lost, result not reported: %s", task.id, out.detail,
+                                extra=task.fields(stage="report"))
                 elif out.status_code != 200:
-                    log.error("task %s: report refused (%d): %s", task.id, out.status_code, out.detail)
+                    log.error("task %s: report refused (%d): %s", task.id, out.status_code, out.detail,
+                              extra=task.fields(stage="report"))
                 else:
                     self._delivered(task, report, share_us)
             finally:
@@ -188,7 +193,8 @@ class Reporter:
         if self._metrics is not None and rep.status != "released":
             self._metrics.task_reported({**task.timings.as_dict(), "report": elapsed_us / 1e3})
         if rep.status == "succeeded":
-            log.info("task %s succeeded: %s", task.id, rep.result.uri)
+            log.info("task %s succeeded: %s", task.id, rep.result.uri, extra=task.fields(
+                stage="report", status="succeeded", duration_ms=task.age_ms(), timings_ms=rep.result.timings_ms))
 
     def _send(self, task: Task, rep: Report, deadline_s: float | None = None) -> None:
         t0 = time.perf_counter()
@@ -196,9 +202,10 @@ class Reporter:
             self._client.report(task.id, rep, deadline_s=deadline_s or self._deadline_s)
         except LeaseLost as e:
             self._state.count("leases_lost")
-            log.warning("task %s: lease lost, result not reported: %s", task.id, e)
+            log.warning("task %s: lease lost, result not reported: %s", task.id, e, extra=task.fields(stage="report"))
         except QueueError as e:
-            log.error("task %s: report undeliverable, lease will expire: %s", task.id, e)
+            log.error("task %s: report undeliverable, lease will expire: %s", task.id, e,
+                      extra=task.fields(stage="report"))
         else:
             self._delivered(task, rep, int((time.perf_counter() - t0) * 1e6))
         finally:
@@ -209,5 +216,5 @@ def _outcome(task: Task, post: Future) -> Settled:
     try:
         return post.result()
     except Exception as e:  # a bug in the post stage: fail the task, keep serving
-        log.exception("task %s: post-processing failed", task.id)
+        log.exception("task %s: post-processing failed", task.id, extra=task.fields(stage="post"))
         return failure(ErrorCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}", retryable=True)

@@ -45,6 +45,14 @@ class Task:
     timings: Timings = field(default_factory=Timings)
     ready_at: float = 0.0  # time.monotonic() when admitted: the batching window starts here
     abandoned: bool = False  # failed past a stage deadline: whatever it produces later is dropped
+    leased_at: float = field(default_factory=time.monotonic)
+
+    def fields(self, **more) -> dict:
+        """The structured log fields of an event about this task (telemetry.logs), for `extra=`."""
+        return {"task_id": self.id, "attempt": self.lease.attempt, **more}
+
+    def age_ms(self) -> float:
+        return round((time.monotonic() - self.leased_at) * 1e3, 1)
 
     @property
     def id(self) -> str:

@@ -62,7 +62,8 @@ class Watchdog(threading.Thread):
         held.task.abandoned = True
         field = FIELDS.get(held.stage, held.stage)
         log.error("task %s: stage %s passed its deadline (deadlines.%s = %gs); failing it for a retry",
-                  held.task.id, held.stage, field, held.limit_s)
+                  held.task.id, held.stage, field, held.limit_s,
+                  extra=held.task.fields(stage=held.stage, error_code=str(ErrorCode.DEADLINE_EXCEEDED)))
         self._reporter.fail(held.task, ErrorCode.DEADLINE_EXCEEDED,
                             f"stage {held.stage} took longer than {held.limit_s:g}s (deadlines.{field})",
                             retryable=True)
