@@ -15,6 +15,11 @@ $(VENV)/.installed: pyproject.toml
 	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || \
 	  { command -v apt-get >/dev/null && (apt-get install -y -q postgresql || sudo apt-get install -y -q postgresql); } || \
 	  echo "warning: PostgreSQL is not installed; the scheduler's PostgreSQL tests will fail"
+	@# The status page's browser test drives Debian's Chromium with Playwright (no browser download).
+	@test -x /usr/bin/chromium || \
+	  { command -v apt-get >/dev/null && (apt-get install -y -q chromium || \
+	    (apt-get update -q && apt-get install -y -q chromium) || sudo apt-get install -y -q chromium); } || \
+	  echo "warning: Chromium is not installed; the status page's browser test will fail"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"

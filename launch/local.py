@@ -6,6 +6,7 @@ A kill must reach every descendant, because torchrun starts each rank in a sessi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -104,6 +105,26 @@ class Proc:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def messages(self) -> str:
+        """The log as an operator reads it: each JSON line's message (and traceback)."""
+        return messages(self.output())
+
+
+def messages(text: str) -> str:
+    """Log output with JSON lines (telemetry.logs) turned into their messages; other lines as they are."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                pass
+            else:
+                out.append(record.get("msg", "") + ("\n" + record["exc"] if "exc" in record else ""))
+                continue
+        out.append(line)
+    return "\n".join(out)
 
 
 def start_scheduler(db: Path | str, port: int, log_path: Path, lease_ttl: float = 15.0,

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
 
 from importlib.metadata import entry_points
 
@@ -57,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="env var with comma-separated bearer tokens for workers")
     p.add_argument("--client-tokens-env", default="DIT_CLIENT_TOKENS",
                    help="env var with comma-separated bearer tokens for clients")
+    p.add_argument("--results-root", action="append", default=[], metavar="DIR",
+                   help="a folder of local results the status page may show as thumbnails (repeatable)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("auto", "json", "text"), default="auto",
                    help="one JSON object per line, or text; auto: text on a terminal, JSON otherwise")
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level.upper(), args.log_format)
     settings = Settings(worker_tokens=_tokens(args.worker_tokens_env),
-                        client_tokens=_tokens(args.client_tokens_env), max_queued=args.max_queued)
+                        client_tokens=_tokens(args.client_tokens_env), max_queued=args.max_queued,
+                        results_roots=tuple(Path(r).resolve() for r in args.results_root))
     if not _is_loopback(args.host) and not (settings.worker_tokens and settings.client_tokens):
         log.error("refusing to listen on %s without auth: set %s and %s (comma-separated tokens)",
                   args.host, args.worker_tokens_env, args.client_tokens_env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import logging
@@ -10,10 +11,11 @@ import time
 from collections.abc import AsyncIterator
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
@@ -39,6 +41,7 @@ from protocol import (
 )
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from scheduler import status_page as status_page_view
 from scheduler.metrics import RequestTimer, SchedulerMetrics, prometheus_targets
 from scheduler.store import Conflict, NotFound, Store
 
@@ -55,6 +58,8 @@ class Settings:
     sweep_interval_s: float = 1.0
     retry_after_s: int = 5
     ready_deadline_s: float = 2.0  # /readyz: the database's answer within this
+    # Folders whose result files the status page may show as thumbnails (resolved paths).
+    results_roots: tuple[Path, ...] = ()
     # A waiting lease request looks again this often without a wake-up: the fallback for a missed
     # NOTIFY. Wake-ups (local, or NOTIFY from other processes) make new work visible at once.
     poll_s: float = 5.0
@@ -131,7 +136,47 @@ def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
     _client_routes(app)
     _worker_routes(app)
     _ops_routes(app)
+    _status_routes(app)
     return app
+
+
+async def page_auth(request: Request) -> None:
+    """The status page, for browsers: a client token as the password of HTTP Basic auth (the browser
+    asks for it) or as a bearer token. Open when client auth is off (loopback only)."""
+    tokens: frozenset[str] = request.app.state.settings.client_tokens
+    if not tokens:
+        return
+    given = ""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        given = value
+    elif scheme.lower() == "basic":
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            given = base64.b64decode(value, validate=True).decode().partition(":")[2]
+    if not given or not any(hmac.compare_digest(given, t) for t in tokens):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a client token is needed (any user name, the token "
+                            "as password)", headers={"WWW-Authenticate": 'Basic realm="dit-scheduler"'})
+
+
+def _status_routes(app: FastAPI) -> None:
+    store: Store = app.state.store
+    auth = [Depends(page_auth)]
+
+    @app.get("/status", tags=["ops"], response_class=HTMLResponse, dependencies=auth)
+    async def status_page() -> HTMLResponse:
+        """Workers, queue, the last hour, recent results and failures; refreshes itself."""
+        page = await run_in_threadpool(status_page_view.gather, store)  # several reads: off the loop
+        return HTMLResponse(status_page_view.render(page), headers={"Cache-Control": "no-store"})
+
+    @app.get("/status/thumbs/{task_id}.png", tags=["ops"], dependencies=auth, responses={404: {}},
+             response_class=Response)
+    async def thumbnail(task_id: str) -> Response:
+        try:
+            png = await run_in_threadpool(status_page_view.thumbnail, store, app.state.settings.results_roots,
+                                          task_id)
+        except NotFound as e:
+            raise HTTPException(404, str(e)) from e
+        return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
 
 
 def _ops_routes(app: FastAPI) -> None:

@@ -57,6 +57,12 @@ class Store(Protocol):
 
     def figures(self) -> QueueFigures: ...
 
+    def recent(self, status: str, window_s: float, limit: int) -> list[TaskView]:
+        """Tasks that ended in `status` within the last `window_s`, newest first."""
+
+    def history(self, window_s: float, bucket_s: int) -> list[dict]:
+        """Rows of (bucket, status, n, mean_s, max_s): tasks ended per time bucket in the window."""
+
     def register(self, req: RegisterWorker) -> tuple[str, int]:
         """(worker id, tasks requeued from the node's earlier registrations)."""
 

@@ -222,6 +222,24 @@ class SQLStore:
                             oldest_queued_age_s=None if oldest is None else round(now - oldest, 3), running=running,
                             ended_last_s=ended, workers_by_status=workers)
 
+    def recent(self, status: str, window_s: float, limit: int) -> list[TaskView]:
+        """Tasks that ended in `status` within the last `window_s`, newest first (the status page)."""
+        since = self._clock() - window_s
+        rows = self._read().execute(
+            "SELECT * FROM tasks WHERE finished_at >= ? AND status = ? ORDER BY finished_at DESC LIMIT ?",
+            (since, status, limit)).fetchall()
+        return [task_view(r) for r in rows]
+
+    def history(self, window_s: float, bucket_s: int) -> list[dict]:
+        """Per bucket of `bucket_s` over the last `window_s` and per final status: tasks ended, and
+        their mean and longest time from submission to end. The bucket is a whole number (SQLite
+        truncates and PostgreSQL rounds the cast: a task at a boundary may land in the next one)."""
+        since = self._clock() - window_s
+        return [dict(r) for r in self._read().execute(
+            "SELECT CAST((finished_at - ?) / ? AS INTEGER) AS bucket, status, COUNT(*) AS n,"
+            " AVG(finished_at - created_at) AS mean_s, MAX(finished_at - created_at) AS max_s"
+            " FROM tasks WHERE finished_at >= ? GROUP BY bucket, status", (since, bucket_s, since)).fetchall()]
+
     # ------------------------------------------------------------ workers
 
     def register(self, req: RegisterWorker) -> tuple[str, int]:

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from launch.local import REPO
+from launch.local import REPO, messages
 from tests.harness import ready_worker, run
 
 
@@ -32,5 +32,6 @@ def test_a_bf16_model_on_device_auto_without_cuda_is_refused_at_start(tmp_path):
                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "not starting: model.device: 'auto' found no CUDA device" in out.stderr
-    assert 'set model.device = "cpu"' in out.stderr
+    said = messages(out.stderr)
+    assert "not starting: model.device: 'auto' found no CUDA device" in said
+    assert 'set model.device = "cpu"' in said

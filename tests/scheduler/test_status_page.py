@@ -1,0 +1,62 @@
+"""The status page's parts in process: the last hour's chart from the store's history, the page's
+content, its thumbnails. The browser test is tests/e2e/test_status_page.py."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from scheduler.app import Settings, create_app
+from scheduler.status_page import build_chart
+from tests.harness import REG
+
+RESULT = {"content_type": "image/png", "width": 256, "height": 256, "seed": 1, "bytes": 1, "sha256": "0"}
+
+
+def finish(http, wid: str, status: str, **payload) -> str:
+    task = http.post("/v1/tasks", json={"input": {"prompt": "a <script>lighthouse</script>"}}).json()
+    lease = http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1}).json()["leases"][0]
+    assert lease["task_id"] == task["id"]
+    assert http.post(f"/v1/tasks/{task['id']}/report", json={
+        "worker_id": wid, "lease_token": lease["lease_token"], "status": status, **payload}).status_code == 200
+    return task["id"]
+
+
+def test_the_chart_stacks_outcomes_per_minute_and_weights_the_mean_latency():
+    rows = [{"bucket": 59, "status": "succeeded", "n": 3, "mean_s": 2.0, "max_s": 3.0},
+            {"bucket": 59, "status": "failed", "n": 1, "mean_s": 9.0, "max_s": 9.0},
+            {"bucket": 10, "status": "succeeded", "n": 1, "mean_s": 6.0, "max_s": 6.0},
+            {"bucket": 60, "status": "succeeded", "n": 1, "mean_s": 2.0, "max_s": 2.0}]  # boundary: last bucket
+    chart = build_chart(rows)
+    assert (chart.total_succeeded, chart.total_failed, chart.peak_per_min) == (5, 1, 5)
+    x, width, ok, bad = chart.bars[59]
+    assert (ok, bad) == (80 * 4 / 5, 80 * 1 / 5) and x == 590.0
+    assert chart.mean_latency_s == round((3 * 2 + 6 + 2) / 5, 2) and chart.peak_latency_s == 6.0
+    assert len(chart.line.split()) == 2  # two minutes had successes
+    empty = build_chart([])
+    assert empty.line == "" and empty.total_succeeded == 0 and all(b[2] == 0 for b in empty.bars)
+
+
+def test_the_page_lists_workers_results_and_failures_escaped(make_store, tmp_path):
+    Image.new("RGB", (256, 256), (30, 120, 200)).save(tmp_path / "ok.png")
+    store = make_store()
+    with TestClient(create_app(store, Settings(results_roots=(tmp_path.resolve(),)))) as http:
+        wid = http.post("/v1/workers", json={**REG, "devices": [{"name": "H100", "memory_bytes": 1}] * 2}).json()["worker_id"]
+        ok = finish(http, wid, "succeeded", result={**RESULT, "uri": f"file://{tmp_path}/ok.png"})
+        signed = finish(http, wid, "succeeded", result={**RESULT, "uri": "gs://b/x.png",
+                                                          "url": "https://storage.googleapis.com/b/x.png?X-Goog-Signature=1"})
+        finish(http, wid, "failed", error={"code": "unsafe_image", "message": "image refused: <nudity>", "retryable": False})
+        http.post("/v1/tasks", json={"input": {"prompt": "waiting"}, "priority": 3})
+        page = http.get("/status")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        html = page.text
+        assert wid in html and "2 \u00d7 H100" in html and "priority 3" in html
+        assert f'src="/status/thumbs/{ok}.png"' in html
+        assert 'src="https://storage.googleapis.com/b/x.png?X-Goog-Signature=1"' in html and signed
+        assert "unsafe_image" in html and "&lt;nudity&gt;" in html and "<nudity>" not in html
+        assert "<script>lighthouse" not in html  # prompts are escaped
+        assert "http://" not in html.replace(f"http://{REG['hostname']}", "")  # nothing loaded from elsewhere
+        thumb = http.get(f"/status/thumbs/{ok}.png")
+        assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/png"
+        with Image.open(__import__("io").BytesIO(thumb.content)) as img:
+            assert img.size == (160, 160)
