@@ -134,7 +134,7 @@ class Coordinator:
             self.intake.stop()
 
     def serve(self, engine: Engine) -> None:
-        self.state.set_counter("images_generated", engine.generations)  # warm-up included
+        self.state.count("images_generated", 0)  # listed from the first heartbeat on
         self.state.set_status("ready")
         self.state.progress()
         self.intake.start()
@@ -189,7 +189,8 @@ class Coordinator:
             for task in batch:
                 task.timings.record(broadcast=sent_ms)
         outs = lockstep.generate(engine, jobs, self.ctx, self._mode)
-        self.state.set_counter("images_generated", engine.generations)
+        # Every rank's images for tasks: rank 0's engine counts only its own, warm-up included.
+        self.state.count("images_generated", sum(not out.errors for out in outs))
         self.state.set_counter("peak_memory_mb", peak_memory_mb(self.ctx.device))
         return outs
 

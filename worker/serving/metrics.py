@@ -37,7 +37,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, float("inf"))
 OUTCOMES = ("succeeded", "failed", "released")
 REFUSALS = {"prompts_refused": "text", "images_refused": "image"}
 COUNTERS = {
-    "images_generated": ("dit_worker_images_generated", "Images generated, warm-up included"),
+    "images_generated": ("dit_worker_images_generated", "Images generated for tasks by every rank of the group"),
     "corrupt_outputs": ("dit_worker_corrupt_outputs", "Images the quality check refused (NaN, blank)"),
     "heartbeat_failures": ("dit_worker_heartbeat_failures", "Heartbeats not delivered after their retries"),
     "leases_lost": ("dit_worker_leases_lost", "Tasks whose lease this worker lost before reporting"),
