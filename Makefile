@@ -20,6 +20,11 @@ $(VENV)/.installed: pyproject.toml
 	  { command -v apt-get >/dev/null && (apt-get install -y -q chromium || \
 	    (apt-get update -q && apt-get install -y -q chromium) || sudo apt-get install -y -q chromium); } || \
 	  echo "warning: Chromium is not installed; the status page's browser test will fail"
+	@# promtool and a Prometheus server check the alert rules and scrape a running fleet in the tests.
+	@command -v promtool >/dev/null || \
+	  { command -v apt-get >/dev/null && (apt-get install -y -q --no-install-recommends prometheus || \
+	    sudo apt-get install -y -q --no-install-recommends prometheus); } || \
+	  echo "warning: Prometheus is not installed; the monitoring tests will fail"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"

@@ -235,3 +235,49 @@ class HangingProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+# ---------------------------------------------------------------- Prometheus
+
+class Prometheus:
+    """A real Prometheus server (Debian's package) on 127.0.0.1 scraping a scheduler every second and
+    the workers it lists at GET /v1/workers/targets (HTTP service discovery), as in monitoring/."""
+
+    def __init__(self, log_dir: Path, scheduler: str) -> None:
+        import shutil
+
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is missing: `make install` installs Debian's prometheus package")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        host = scheduler.removeprefix("http://")
+        config = log_dir / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            f"  - job_name: dit-scheduler\n    static_configs: [{{targets: ['{host}']}}]\n"
+            f"  - job_name: dit-worker\n    http_sd_configs: [{{url: '{scheduler}/v1/workers/targets', refresh_interval: 1s}}]\n")
+        self.proc = Proc([binary, f"--config.file={config}", f"--storage.tsdb.path={log_dir / 'tsdb'}",
+                          f"--web.listen-address=127.0.0.1:{self.port}"], log_dir / "prometheus.log")
+        wait_until(lambda: _ok(f"{self.url}/-/ready"), 30, "Prometheus", self.proc)
+
+    def query(self, expr: str) -> list[dict]:
+        import httpx
+
+        body = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5).json()
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        if self.proc.alive():
+            self.proc.stop(10)
+
+
+def _ok(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -3,10 +3,13 @@ succeed and fail, health probes, and the exposition as Prometheus's own parser r
 
 from __future__ import annotations
 
+import subprocess
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Stack, ready_worker, settled_worker
+from launch.local import wait_until
+from tests.harness import Prometheus, Stack, ready_worker, settled_worker
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -68,5 +71,20 @@ def test_both_metrics_endpoints_move_as_tasks_succeed_and_fail(tmp_path, tiny_mo
 
         targets = stack.client.http.get("/v1/workers/targets").json()
         assert [t["targets"] for t in targets] == [[ops.removeprefix("http://")]]
+        for url in (stack.url, ops):  # Prometheus's own linter on both expositions
+            lint = subprocess.run(["promtool", "check", "metrics"], input=httpx.get(f"{url}/metrics").text,
+                                  capture_output=True, text=True, timeout=30)
+            assert lint.returncode == 0, f"{url}: {lint.stdout}{lint.stderr}"
+
+        # A real Prometheus finds the worker through the scheduler and scrapes both.
+        prom = Prometheus(tmp_path, stack.url)
+        try:
+            up = wait_until(lambda: {r["metric"]["job"]: r["value"][1] for r in prom.query("up")}
+                            if len(prom.query("up == 1")) == 2 else None, 60, "Prometheus scraping both")
+            assert up == {"dit-scheduler": "1", "dit-worker": "1"}
+            (done,) = prom.query('dit_worker_tasks_total{outcome="succeeded"}')
+            assert done["value"][1] == "2" and done["metric"]["worker_id"] == worker["id"]
+        finally:
+            prom.stop()
     finally:
         stack.close()
