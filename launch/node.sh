@@ -11,8 +11,8 @@
 # `launch/node.sh --dry-run [args]` prints the exact torchrun command (and OMP_NUM_THREADS) and exits.
 #
 # SIGTERM (or SIGINT) drains: no new leases, the tasks held finish and are reported, then every rank
-# exits 0 and so does this script. A second signal stops at once; the scheduler retries what was
-# held. Environment: CONFIG, NPROC (default: the GPUs nvidia-smi lists, else 1), MAX_RESTARTS,
+# exits 0 and so does this script. A second signal, or a drain longer than DRAIN_S seconds (default
+# 300), stops at once; the scheduler retries what was held. Environment: CONFIG, NPROC (default: the GPUs nvidia-smi lists, else 1), MAX_RESTARTS,
 # OMP_NUM_THREADS (default: the cores this process may use, shared among the ranks), NNODES
 # (default 1), RDZV_ENDPOINT (host:port, needed when NNODES > 1), RDZV_ID (default dit-worker).
 set -euo pipefail
@@ -24,6 +24,11 @@ CONFIG=${CONFIG:-configs/flux-schnell.toml}
 NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
 [ "${NPROC:-0}" -ge 1 ] || NPROC=1
 MAX_RESTARTS=${MAX_RESTARTS:-1000}   # a crashed rank restarts the group; its tasks are requeued
+DRAIN_S=${DRAIN_S:-300}              # a supervisor's stop timeout must outlast it (plus torchrun's 30 s)
+if ! [[ "$DRAIN_S" =~ ^[0-9]+$ ]]; then
+  echo "node.sh: DRAIN_S=$DRAIN_S is not a number of seconds" >&2
+  exit 2
+fi
 
 # CPU threads per rank. Kernels round differently with the thread count, so this is also what makes
 # images identical across rank counts on a CPU; torchrun alone would set 1 and warn.
@@ -64,17 +69,32 @@ TORCHRUN=$!
 # clean drain would look like a failure. The ranks are told directly instead: rank 0 drains and
 # shuts the group down, every rank exits 0, and torchrun exits 0 with them.
 signals=0
+TIMER=
 on_signal() {
   signals=$((signals + 1))
   if [ "$signals" -eq 1 ]; then
-    echo "node.sh: draining (signal again to stop at once)" >&2
+    echo "node.sh: draining for at most ${DRAIN_S}s (signal again to stop at once)" >&2
     pkill -TERM -P "$TORCHRUN" || true
+    ( sleep "$DRAIN_S" && kill -USR1 $$ ) 2>/dev/null &
+    TIMER=$!
   else
     echo "node.sh: stopping now" >&2
     kill -TERM "$TORCHRUN" 2>/dev/null || true
   fi
 }
+drain_overdue() {
+  echo "node.sh: the drain took over DRAIN_S=${DRAIN_S}s; stopping now (the scheduler retries what was held)" >&2
+  signals=$((signals + 1))
+  kill -TERM "$TORCHRUN" 2>/dev/null || true
+}
 trap on_signal TERM INT
+trap drain_overdue USR1
+stop_timer() {
+  [ -n "$TIMER" ] || return 0
+  pkill -P "$TIMER" 2>/dev/null || true   # its sleep
+  kill "$TIMER" 2>/dev/null || true
+}
+trap stop_timer EXIT
 
 while :; do
   seen=$signals

@@ -3,6 +3,7 @@ and the refusals that name the variable to fix. (Serving and draining: tests/e2e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from pathlib import Path
@@ -37,3 +38,39 @@ def test_a_group_without_a_rendezvous_or_with_a_bad_node_count_is_refused():
     assert out.returncode == 2 and "RDZV_ENDPOINT" in out.stderr and not out.stdout
     out = dry_run({"NPROC": "8", "NNODES": "two", "RDZV_ENDPOINT": "a:1"})
     assert out.returncode == 2 and "NNODES=two" in out.stderr
+
+
+def test_a_drain_longer_than_drain_s_is_cut_short(tmp_path):
+    """A torchrun stand-in whose rank ignores the drain signal: node.sh stops the group after DRAIN_S."""
+    import signal
+    import time
+
+    fake = tmp_path / "torchrun"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "trap 'echo torchrun: stopped >&2; exit 1' TERM\n"
+                    "bash -c 'trap \"\" TERM; sleep 60' &\n"  # a rank whose drain never ends
+                    "echo started >&2\n"
+                    "wait\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "NPROC": "1", "DRAIN_S": "1",
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(["bash", str(ROOT / "launch/node.sh")], cwd=ROOT, env=env, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stderr.readline().strip() == "started"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=20)
+        elapsed = time.monotonic() - t0
+        os.killpg(proc.pid, signal.SIGKILL)  # the stuck rank, which holds stderr open
+        said = proc.stderr.read()
+        assert rc == 1 and elapsed < 10
+        assert "draining for at most 1s" in said and "the drain took over DRAIN_S=1s; stopping now" in said
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_drain_s_must_be_seconds():
+    out = dry_run({"DRAIN_S": "5m"})
+    assert out.returncode == 2 and "DRAIN_S=5m is not a number of seconds" in out.stderr
