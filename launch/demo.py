@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     images = args.out / "images"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    print(f"scheduler on {url}; logs in {args.out}")
-    scheduler = start_scheduler(args.out / "scheduler.db", port, args.out / "scheduler.log")
+    print(f"scheduler on {url} (status page: {url}/status while the demo runs); logs in {args.out}")
+    scheduler = start_scheduler(args.out / "scheduler.db", port, args.out / "scheduler.log",
+                                extra=["--results-root", str(images)])
     worker = None
     try:
         client = Client(url)
@@ -59,13 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"submitted {len(tasks)} tasks; starting a {args.nproc}-rank worker under torchrun")
         worker = start_worker(REPO / "configs" / "tiny.toml", args.nproc, args.out / "worker.log",
                               overrides=[f"queue.url={url}", f"storage.local.root={images}",
-                                         f"model.source={model}"])
+                                         f"model.source={model}", "ops.host=127.0.0.1", "ops.port=0"])
         t0 = time.monotonic()
         done = client.wait([t["id"] for t in tasks], args.timeout, proc=worker)
         print(f"all tasks finished in {time.monotonic() - t0:.1f}s after the worker started")
-        for line in worker.output().splitlines():  # which checks ran, as the worker chose them
+        for line in worker.messages().splitlines():  # which checks ran, as the worker chose them
             if "safety checks:" in line or "safety.text.backend = auto" in line:
-                print(line.split(": ", 1)[-1])
+                print(line)
         print()
         ok = _print_table(done)
     finally:
