@@ -117,7 +117,7 @@ def thumbnail(store: Store, roots: tuple[Path, ...], task_id: str) -> bytes:
             img.thumbnail((THUMB_PX, THUMB_PX))
             out = io.BytesIO()
             img.convert("RGB").save(out, "PNG", optimize=False)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise NotFound(f"task {task_id}'s result cannot be read: {e}") from e
     return out.getvalue()
 

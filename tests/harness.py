@@ -25,6 +25,16 @@ from launch.local import (
 TINY_CONFIG = REPO / "configs" / "tiny.toml"
 
 
+class Clock:
+    """An injected clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Stack:
     """A real scheduler on 127.0.0.1 and the torchrun workers started against it."""
 

@@ -37,10 +37,22 @@ def test_both_metrics_endpoints_move_as_tasks_succeed_and_fail(tmp_path, tiny_mo
         assert at(queued, "dit_scheduler_oldest_queued_age_seconds") > 0
 
         stack.proc = stack.worker(nproc=2)
-        worker = ready_worker(stack, stack.proc)
-        ops = worker["ops_url"]
+        # The worker registers (with its ops address) before it loads the model and warms up: not
+        # ready until then, alive all along.
+        ops = wait_until(lambda: next((w["ops_url"] for w in stack.registered()), None), 120, "a registration",
+                         stack.proc)
         assert ops.startswith("http://127.0.0.1:")
-        assert httpx.get(f"{ops}/readyz", timeout=5).json() == {"ok": True, "reason": "ready"}
+        seen = []
+
+        def probe():
+            ready = httpx.get(f"{ops}/readyz", timeout=5)
+            seen.append((ready.status_code, ready.json()["reason"]))
+            assert httpx.get(f"{ops}/livez", timeout=5).status_code == 200
+            return ready.status_code == 200
+
+        wait_until(probe, 120, "readiness", stack.proc, every_s=0.05)
+        assert seen[0] == (503, "loading and warming up") and seen[-1] == (200, "ready"), seen
+        worker = ready_worker(stack, stack.proc)
         assert httpx.get(f"{ops}/livez", timeout=5).status_code == 200
         tasks = stack.client.wait(ids, 120, proc=stack.proc)
         assert [tasks[i]["status"] for i in ids] == ["succeeded", "succeeded", "failed", "failed"]

@@ -9,16 +9,9 @@ import pytest
 
 from launch.local import free_port, start_scheduler
 from scheduler.store import SQLiteStore
+from tests.harness import Clock
 
 BACKENDS = ["sqlite", "postgres"]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

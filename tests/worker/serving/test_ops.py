@@ -14,14 +14,7 @@ from worker.config.schema import OpsConfig
 from worker.serving.heartbeat import WorkerState
 from worker.serving.metrics import Metrics
 from worker.serving.ops import Health, OpsServer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.harness import Clock
 
 
 @pytest.fixture
