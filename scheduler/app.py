@@ -58,6 +58,7 @@ class Settings:
     sweep_interval_s: float = 1.0
     retry_after_s: int = 5
     ready_deadline_s: float = 2.0  # /readyz: the database's answer within this
+    status_cache_s: float = 2.0  # one status page gather serves every viewer this long
     # Folders whose result files the status page may show as thumbnails (resolved paths).
     results_roots: tuple[Path, ...] = ()
     # A waiting lease request looks again this often without a wake-up: the fallback for a missed
@@ -162,11 +163,19 @@ def _status_routes(app: FastAPI) -> None:
     store: Store = app.state.store
     auth = [Depends(page_auth)]
 
+    # The page's reads scan the last hour (about 1 s at a million tasks an hour on SQLite): one
+    # gather serves every viewer for `status_cache_s`, however many browsers refresh.
+    cached: dict = {"at": float("-inf"), "html": ""}
+    gathering = asyncio.Lock()
+
     @app.get("/status", tags=["ops"], response_class=HTMLResponse, dependencies=auth)
     async def status_page() -> HTMLResponse:
         """Workers, queue, the last hour, recent results and failures; refreshes itself."""
-        page = await run_in_threadpool(status_page_view.gather, store)  # several reads: off the loop
-        return HTMLResponse(status_page_view.render(page), headers={"Cache-Control": "no-store"})
+        async with gathering:
+            if time.monotonic() - cached["at"] >= app.state.settings.status_cache_s:
+                page = await run_in_threadpool(status_page_view.gather, store)  # several reads: off the loop
+                cached.update(at=time.monotonic(), html=status_page_view.render(page))
+        return HTMLResponse(cached["html"], headers={"Cache-Control": "no-store"})
 
     @app.get("/status/thumbs/{task_id}.png", tags=["ops"], dependencies=auth, responses={404: {}},
              response_class=Response)

@@ -60,3 +60,18 @@ def test_the_page_lists_workers_results_and_failures_escaped(make_store, tmp_pat
         assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/png"
         with Image.open(__import__("io").BytesIO(thumb.content)) as img:
             assert img.size == (160, 160)
+
+
+def test_one_gather_serves_every_viewer_for_a_moment(make_store):
+    store = make_store()
+    calls = []
+    history = store.history
+    store.history = lambda *a: calls.append(a) or history(*a)
+    with TestClient(create_app(store, Settings(status_cache_s=60))) as http:
+        for _ in range(5):
+            assert http.get("/status").status_code == 200
+    assert len(calls) == 1
+    with TestClient(create_app(store, Settings(status_cache_s=0))) as http:
+        for _ in range(3):
+            http.get("/status")
+    assert len(calls) == 4
