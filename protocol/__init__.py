@@ -6,6 +6,7 @@ pydantic alone, so another scheduler or a client can reuse it as the schema.
 
 from protocol.errors import ErrorCode
 from protocol.models import (
+    FINAL_STATUSES,
     DeviceInfo,
     ErrorEnvelope,
     Heartbeat,
@@ -34,6 +35,6 @@ from protocol.models import (
     WorkerView,
 )
 
-__all__ = ["DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
+__all__ = ["FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
            "LeaseResponse", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
            "TaskReport", "TaskResult", "TaskStatus", "TaskView", "WorkerStatus", "WorkerView"]

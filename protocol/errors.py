@@ -15,6 +15,7 @@ class ErrorCode(StrEnum):
     UNSAFE_PROMPT = "unsafe_prompt"
     UNSAFE_IMAGE = "unsafe_image"
     STORAGE_CONFLICT = "storage_conflict"  # another object holds the task's name
+    CANCELLED = "cancelled"  # the client cancelled it (POST /v1/tasks/{id}/cancel)
     # Retryable: another attempt, maybe on another worker, may succeed.
     GENERATION_FAILED = "generation_failed"
     CORRUPT_OUTPUT = "corrupt_output"

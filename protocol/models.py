@@ -16,7 +16,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed"]
+TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed", "cancelled"]
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a task in one never changes again
 WorkerStatus = Literal["initializing", "ready", "draining"]  # what a worker reports of itself
 # replaced: a later registration from the same node (a restarted torchrun group) took its place.
 # lost: no heartbeat for the scheduler's liveness time; what it held was requeued.
@@ -123,6 +124,8 @@ class TaskView(_Strict):
     updated_at: float
     started_at: float | None
     finished_at: float | None
+    cancel_requested_at: float | None = Field(None, description=(
+        "when a client asked to cancel it while a worker held it; it ends `cancelled`"))
 
 
 class TaskList(_Strict):
@@ -231,6 +234,9 @@ class Heartbeat(_Strict):
 class HeartbeatReply(_Strict):
     renewed: dict[str, float] = Field(description="task id -> new lease deadline")
     lost: list[str] = Field(description="in-flight ids whose lease this worker no longer holds")
+    cancelled: list[str] = Field([], description=(
+        "in-flight ids a client cancelled: drop them if not started, discard their results if started, "
+        "and report them `failed` with code `cancelled`; a `succeeded` report for them is refused (409)"))
 
 
 class Report(_Strict):

@@ -43,7 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from scheduler import status_page as status_page_view
 from scheduler.metrics import RequestTimer, SchedulerMetrics, prometheus_targets
-from scheduler.store import Conflict, NotFound, Store
+from scheduler.store import Cancelled, Conflict, NotFound, Store
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +328,19 @@ def _client_routes(app: FastAPI) -> None:
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
 
+    @app.post("/v1/tasks/{task_id}/cancel", response_model=TaskView, tags=["clients"],
+              dependencies=[Depends(client_auth)], responses={404: {}, 409: {"description": "already ended"}})
+    async def cancel(task_id: str) -> TaskView:
+        """A queued task ends `cancelled` at once. A leased or processing one is marked
+        (`cancel_requested_at`): its worker drops it or discards its result, and it ends `cancelled`,
+        never `succeeded`. A task that has ended answers 409 and does not change."""
+        try:
+            return await store.acall(store.cancel, task_id)
+        except NotFound as e:
+            raise HTTPException(404, str(e)) from e
+        except Conflict as e:
+            raise HTTPException(409, str(e)) from e
+
     @app.get("/v1/tasks", response_model=TaskList, tags=["clients"], dependencies=[Depends(client_auth)])
     async def list_tasks(status: TaskStatus | None = None, limit: int = Query(100, ge=1, le=1000),
                          offset: int = Query(0, ge=0, le=1_000_000_000)) -> TaskList:
@@ -424,4 +437,6 @@ def _worker_routes(app: FastAPI) -> None:
 
 
 def _report_outcome(out: object) -> str:
+    if isinstance(out, Cancelled):
+        return "cancelled"
     return "not_found" if isinstance(out, NotFound) else "conflict" if isinstance(out, Conflict) else "accepted"

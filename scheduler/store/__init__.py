@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scheduler.store.base import Conflict, NotFound, Store
+from scheduler.store.base import Cancelled, Conflict, NotFound, Store
 from scheduler.store.sqlite import SQLiteStore
 
-__all__ = ["Conflict", "NotFound", "SQLiteStore", "Store", "open_store"]
+__all__ = ["Cancelled", "Conflict", "NotFound", "SQLiteStore", "Store", "open_store"]
 
 
 def open_store(db: str | Path, **options) -> Store:

@@ -29,6 +29,10 @@ class Conflict(Exception):
     """Idempotency-key reuse with another body, or a report whose lease is not current (stale)."""
 
 
+class Cancelled(Conflict):
+    """A report on a task a client cancelled: refused, and the task is now `cancelled`."""
+
+
 class Store(Protocol):
     """The scheduler's state. Every state change is atomic; reads never block writers."""
 
@@ -75,6 +79,11 @@ class Store(Protocol):
 
     def report(self, task_id: str, rep: Report) -> TaskView: ...
 
+    def cancel(self, task_id: str) -> TaskView:
+        """Queued: `cancelled` at once. Leased or processing: marked (cancel_requested_at); its
+        worker learns it from the heartbeat reply and any later report ends it `cancelled`; its lease
+        expiring does too. Conflict when the task has already ended."""
+
     def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
         """Each report applied on its own, atomically, in order; a refused one returned as its error."""
 
@@ -108,6 +117,7 @@ def task_view(row: Mapping[str, Any]) -> TaskView:
         error=json.loads(row["error"]) if row["error"] else None,
         created_at=row["created_at"], updated_at=row["updated_at"],
         started_at=row["started_at"], finished_at=row["finished_at"],
+        cancel_requested_at=row["cancel_requested_at"],
     )
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol import (
+    FINAL_STATUSES,
     ErrorCode,
     ErrorEnvelope,
     Heartbeat,
@@ -41,7 +42,7 @@ from protocol import (
     WorkerView,
 )
 from scheduler import leases
-from scheduler.store.base import Conflict, NotFound, task_view, worker_view
+from scheduler.store.base import Cancelled, Conflict, NotFound, task_view, worker_view
 
 @dataclass(frozen=True)
 class Write:
@@ -71,7 +72,7 @@ class Read:
 Plan = Generator[Write | WriteEach | Read, list, Any]
 
 HELD = "status IN ('leased', 'processing')"
-HELD_ROW = "id, attempts, max_attempts, error, worker_id"
+HELD_ROW = "id, attempts, max_attempts, error, worker_id, cancel_requested_at"
 
 
 class SQLStore:
@@ -299,15 +300,38 @@ class SQLStore:
                        " in_flight = ?, last_heartbeat = ?, warnings = ?, counters = ? WHERE id = ?",
                        (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
                         worker_id))
-            renewed = {r["id"] for r in db.execute(
+            rows = db.execute(
                 f"UPDATE tasks SET lease_deadline = ?, updated_at = ? WHERE worker_id = ? AND {HELD}"
-                f" AND lease_deadline >= ? AND {in_ids} RETURNING id", (deadline, now, worker_id, now, ids))}
+                f" AND lease_deadline >= ? AND {in_ids} RETURNING id, cancel_requested_at",
+                (deadline, now, worker_id, now, ids)).fetchall()
+        renewed = {r["id"] for r in rows}
         return HeartbeatReply(renewed={t: deadline for t in hb.in_flight if t in renewed},
-                              lost=[t for t in hb.in_flight if t not in renewed])
+                              lost=[t for t in hb.in_flight if t not in renewed],
+                              cancelled=sorted(r["id"] for r in rows if r["cancel_requested_at"] is not None))
 
     def report(self, task_id: str, rep: Report) -> TaskView:
         """Applies a worker's report if, and only if, it carries the task's current, unexpired lease."""
         return _raised(self.report_many([(task_id, rep)])[0])
+
+    def cancel(self, task_id: str) -> TaskView:
+        now = self._clock()
+        with self._tx() as db:
+            row = _get(db, task_id, self.LOCK_ROW)
+            if row["status"] in FINAL_STATUSES:
+                raise Conflict(f"task {task_id} has already ended ({row['status']}); nothing to cancel")
+            if row["status"] == "queued":  # not leased: it ends now and is never leased
+                row = self._end_cancelled(db, task_id, now, "while queued")
+            else:
+                row = db.execute("UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, ?),"
+                                 " updated_at = ? WHERE id = ? RETURNING *", (now, now, task_id)).fetchone()
+        return task_view(row)
+
+    @staticmethod
+    def _end_cancelled(db: Any, task_id: str, now: float, why: str) -> Any:
+        return db.execute(
+            "UPDATE tasks SET status = 'cancelled', error = ?, lease_token = NULL, lease_deadline = NULL,"
+            " cancel_requested_at = COALESCE(cancel_requested_at, ?), updated_at = ?, finished_at = ?"
+            " WHERE id = ? RETURNING *", (_cancel_error(why), now, now, now, task_id)).fetchone()
 
     async def areport(self, task_id: str, rep: Report) -> TaskView:
         return _raised((await self.areport_many([(task_id, rep)]))[0])
@@ -342,8 +366,9 @@ class SQLStore:
         in SQL, not in constant time: they are 122+ random bits, and a report also needs the
         worker's bearer token."""
         now = self._clock()
-        fence = ("WHERE id = ? AND lease_token = ? AND worker_id = ? AND status IN ('leased', 'processing')"
-                 " AND lease_deadline >= ? RETURNING *")
+        held_by = ("WHERE id = ? AND lease_token = ? AND worker_id = ? AND status IN ('leased', 'processing')"
+                   " AND lease_deadline >= ?")
+        fence = f"{held_by} AND cancel_requested_at IS NULL RETURNING *"
         if items[0][1].status == "processing":
             deadline = leases.deadline(now, self.lease_ttl_s)
             sql = ("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
@@ -356,13 +381,21 @@ class SQLStore:
                     for task_id, rep in items]
         changed = {r["id"]: r for r in (yield WriteEach(sql, args))}
         out: list[TaskView | NotFound | Conflict] = []
-        for task_id, _ in items:
+        for task_id, rep in items:
             if task_id in changed:
                 out.append(task_view(changed[task_id]))
-            elif found := (yield Read("SELECT status FROM tasks WHERE id = ?", (task_id,))):
-                out.append(_not_held(task_id, found[0]["status"]))
-            else:
+                continue
+            found = yield Read("SELECT status, cancel_requested_at FROM tasks WHERE id = ?", (task_id,))
+            if not found:
                 out.append(NotFound(f"no task {task_id}"))
+            elif found[0]["cancel_requested_at"] is not None and (yield Write(  # cancelled: it ends here
+                    "UPDATE tasks SET status = 'cancelled', error = ?, lease_token = NULL, lease_deadline = NULL,"
+                    f" updated_at = ?, finished_at = ? {held_by} RETURNING id",
+                    (_cancel_error(f"the worker reported {rep.status} after the request"), now, now,
+                     task_id, rep.lease_token, rep.worker_id, now))):
+                out.append(_cancelled(task_id, rep.status))
+            else:
+                out.append(_not_held(task_id, found[0]["status"]))
         return out
 
     def _apply(self, db: Any, task_id: str, rep: Report, now: float) -> Any:
@@ -371,6 +404,9 @@ class SQLStore:
                 or not secrets.compare_digest(row["lease_token"].encode(), rep.lease_token.encode())
                 or row["worker_id"] != rep.worker_id or row["lease_deadline"] < now):
             raise _not_held(task_id, row["status"])
+        if row["cancel_requested_at"] is not None:  # whatever the worker says, the task ends here
+            self._end_cancelled(db, task_id, now, f"the worker reported {rep.status} after the request")
+            raise _cancelled(task_id, rep.status)
         if rep.status == "processing":
             row = db.execute("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
                              " started_at = COALESCE(started_at, ?) WHERE id = ? RETURNING *",
@@ -446,6 +482,11 @@ class SQLStore:
     def _requeue_held(self, db: Any, row: Any, code: ErrorCode, why: str, now: float) -> None:
         """A held task whose worker is gone: queued again while attempts remain (the lost attempt
         counts, so a task that kills its workers does not loop forever), else failed with `code`."""
+        if row["cancel_requested_at"] is not None:  # a cancelled task never runs again
+            self._end_cancelled(db, row["id"], now, f"{why} after the request")
+            with self._reclaimed_lock:
+                self.reclaimed[(str(code), "cancelled")] += 1
+            return
         last = f"; last error: {json.loads(row['error'])['message']}" if row["error"] else ""
         error = ErrorEnvelope(code=code, retryable=True, worker_id=row["worker_id"],
                               message=f"{why} (attempt {row['attempts']} of {row['max_attempts']}){last}")
@@ -476,6 +517,15 @@ def _alike(items: list[tuple[str, Report]]) -> bool:
     return (bool(items) and items[0][1].status in ("processing", "succeeded")
             and all(rep.status == items[0][1].status for _, rep in items)
             and len({task_id for task_id, _ in items}) == len(items))
+
+
+def _cancel_error(why: str) -> str:
+    return ErrorEnvelope(code=ErrorCode.CANCELLED, message=f"cancelled by a client ({why})",
+                         retryable=False).model_dump_json()
+
+
+def _cancelled(task_id: str, status: str) -> Cancelled:
+    return Cancelled(f"task {task_id} was cancelled by a client; its {status} report is refused")
 
 
 def _not_held(task_id: str, status: str) -> Conflict:

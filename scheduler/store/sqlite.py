@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS workers (
 
 # Columns added after the first release, with their definitions: added to older databases at open.
 MIGRATIONS = {
+    "tasks": {"cancel_requested_at": "REAL"},
     "workers": {"warnings": "TEXT NOT NULL DEFAULT '[]'", "counters": "TEXT NOT NULL DEFAULT '{}'",
                 "node_id": "TEXT"},
 }

@@ -113,3 +113,28 @@ def test_text_that_cannot_be_stored_is_422(server):
     lone = server.post("/v1/tasks", content=b'{"input": {"prompt": "\\ud83d"}}',
                        headers={"content-type": "application/json"})
     assert lone.status_code == 422 and "lone surrogate" in lone.text
+
+
+def test_cancel_over_http_queued_held_finished_and_unknown(server):
+    from tests.harness import drain, register
+
+    wid = register(server)
+    drain(server, wid)
+    queued = server.post("/v1/tasks", json={"input": {"prompt": "q"}}).json()
+    resp = server.post(f"/v1/tasks/{queued['id']}/cancel")
+    assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
+    assert server.post(f"/v1/tasks/{queued['id']}/cancel").status_code == 409
+    assert server.post("/v1/tasks/nope/cancel").status_code == 404
+    held = server.post("/v1/tasks", json={"input": {"prompt": "h"}}).json()
+    (lease,) = server.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1}).json()["leases"]
+    marked = server.post(f"/v1/tasks/{held['id']}/cancel").json()
+    assert marked["status"] == "leased" and marked["cancel_requested_at"] is not None
+    beat = server.post(f"/v1/workers/{wid}/heartbeat", json={"status": "ready", "in_flight": [held["id"]],
+                                                              "timestamp": 0}).json()
+    assert beat["cancelled"] == [held["id"]]
+    refused = server.post(f"/v1/tasks/{held['id']}/report", json={
+        "worker_id": wid, "lease_token": lease["lease_token"], "status": "succeeded",
+        "result": {"uri": "file:///x.png", "content_type": "image/png", "width": 1, "height": 1, "seed": 1,
+                   "bytes": 1, "sha256": "0"}})
+    assert refused.status_code == 409 and "cancelled" in refused.json()["detail"]
+    assert server.get(f"/v1/tasks/{held['id']}").json()["status"] == "cancelled"
