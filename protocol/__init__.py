@@ -4,7 +4,7 @@ The worker and the reference scheduler both speak it, and neither imports the ot
 pydantic alone, so another scheduler or a client can reuse it as the schema.
 """
 
-from protocol.errors import ErrorCode
+from protocol.errors import CANCELLED_MARK, ErrorCode, was_cancelled
 from protocol.models import (
     FINAL_STATUSES,
     DeviceInfo,
@@ -35,6 +35,6 @@ from protocol.models import (
     WorkerView,
 )
 
-__all__ = ["FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
+__all__ = ["CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
            "LeaseResponse", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
            "TaskReport", "TaskResult", "TaskStatus", "TaskView", "WorkerStatus", "WorkerView"]

@@ -9,6 +9,14 @@ from __future__ import annotations
 from enum import StrEnum
 
 
+# In the detail of a 409 refusing a report on a task a client cancelled: tells it from a lost lease.
+CANCELLED_MARK = "was cancelled by a client"
+
+
+def was_cancelled(detail: str | None) -> bool:
+    return bool(detail) and CANCELLED_MARK in detail
+
+
 class ErrorCode(StrEnum):
     # Final: a retry cannot fix these.
     INVALID_REQUEST = "invalid_request"

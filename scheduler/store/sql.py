@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol import (
+    CANCELLED_MARK,
     FINAL_STATUSES,
     ErrorCode,
     ErrorEnvelope,
@@ -391,7 +392,7 @@ class SQLStore:
             elif found[0]["cancel_requested_at"] is not None and (yield Write(  # cancelled: it ends here
                     "UPDATE tasks SET status = 'cancelled', error = ?, lease_token = NULL, lease_deadline = NULL,"
                     f" updated_at = ?, finished_at = ? {held_by} RETURNING id",
-                    (_cancel_error(f"the worker reported {rep.status} after the request"), now, now,
+                    (_cancel_error(_worker_said(rep)), now, now,
                      task_id, rep.lease_token, rep.worker_id, now))):
                 out.append(_cancelled(task_id, rep.status))
             else:
@@ -405,7 +406,7 @@ class SQLStore:
                 or row["worker_id"] != rep.worker_id or row["lease_deadline"] < now):
             raise _not_held(task_id, row["status"])
         if row["cancel_requested_at"] is not None:  # whatever the worker says, the task ends here
-            self._end_cancelled(db, task_id, now, f"the worker reported {rep.status} after the request")
+            self._end_cancelled(db, task_id, now, _worker_said(rep))
             raise _cancelled(task_id, rep.status)
         if rep.status == "processing":
             row = db.execute("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
@@ -524,8 +525,13 @@ def _cancel_error(why: str) -> str:
                          retryable=False).model_dump_json()
 
 
+def _worker_said(rep: Report) -> str:
+    said = f": {rep.error.message}" if rep.error is not None else ""
+    return f"the worker then reported {rep.status}{said}"
+
+
 def _cancelled(task_id: str, status: str) -> Cancelled:
-    return Cancelled(f"task {task_id} was cancelled by a client; its {status} report is refused")
+    return Cancelled(f"task {task_id} {CANCELLED_MARK}; its {status} report is refused")
 
 
 def _not_held(task_id: str, status: str) -> Conflict:

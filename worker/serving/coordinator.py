@@ -74,7 +74,7 @@ class Coordinator:
         self.registration = Registration(client, self.state, cfg.queue.heartbeat_interval_s, ctx.world_size,
                                          cfg.model.name, ctx.node_id)
         self.reporter = Reporter(client, lambda: self.registration.worker_id, self.state,
-                                 cfg.queue.report_deadline_s, metrics)
+                                 cfg.queue.report_deadline_s, metrics, discard=post.discard)
         context = context_parallel(cfg.parallel, ctx.world_size)
         self._deadlines = cfg.deadlines
         self.watchdog = Watchdog(self.state, self.reporter, cfg.deadlines)
@@ -161,6 +161,8 @@ class Coordinator:
         t0 = time.perf_counter()
         self.reporter.settle(self.sizes.max_pending - self.sizes.round, self._keepalive, self._wait_s)
         settle_ms = (time.perf_counter() - t0) * 1e3
+        for task in self.intake.withdraw(self.state.is_cancelled):  # never started: nothing to discard
+            self.reporter.cancelled(task, "before it started")
         batches = self.intake.take(self.sizes.slots, self.sizes.per_slot, self._window_s, wait_s=self._wait_s)
         if not batches:
             self._keepalive()

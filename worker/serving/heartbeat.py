@@ -44,6 +44,7 @@ class WorkerState:
         self._status: WorkerStatus = "initializing"
         self._held: dict[str, Held] = {}
         self._lost: set[str] = set()
+        self._cancelled: set[str] = set()  # a client cancelled them: dropped, reported `cancelled`
         self._counters: dict[str, int] = {}
         self._progress = clock()
         self._storage_failing = False
@@ -81,6 +82,7 @@ class WorkerState:
             if (held := self._held.get(task.id)) is not None and held.task is task:
                 del self._held[task.id]
                 self._lost.discard(task.id)
+                self._cancelled.discard(task.id)
 
     def overdue(self) -> list[Held]:
         """Tasks whose stage has just passed its deadline; each is returned once."""
@@ -101,14 +103,23 @@ class WorkerState:
             self._lost.update(fresh)
             self._counters["leases_lost"] = self._counters.get("leases_lost", 0) + len(fresh)
 
+    def mark_cancelled(self, task_ids: list[str]) -> None:
+        with self._lock:
+            self._cancelled.update(t for t in task_ids if t in self._held)
+
+    def is_cancelled(self, task: Task) -> bool:
+        with self._lock:
+            held = self._held.get(task.id)
+            return held is not None and held.task is task and task.id in self._cancelled
+
     def is_lost(self, task: Task) -> bool:
         """Drop what this attempt produces: it was abandoned past a deadline, the scheduler says its
-        lease is gone, or a newer attempt of the task is held."""
+        lease is gone or a client cancelled it, or a newer attempt of the task is held."""
         with self._lock:
             held = self._held.get(task.id)
             if task.abandoned or (held is not None and held.task is not task):
                 return True
-            return held is not None and (held.overdue or task.id in self._lost)
+            return held is not None and (held.overdue or task.id in self._lost or task.id in self._cancelled)
 
     # ------------------------------------------------------------ serve loop progress
 
@@ -201,3 +212,6 @@ class HeartbeatThread(threading.Thread):
             if reply.lost:
                 log.warning("leases lost on %s", ", ".join(reply.lost))
                 self._state.mark_lost(reply.lost)
+            if reply.cancelled:
+                log.info("cancelled by a client: %s", ", ".join(reply.cancelled))
+                self._state.mark_cancelled(reply.cancelled)

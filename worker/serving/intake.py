@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from protocol import Lease
@@ -70,6 +71,15 @@ class Intake:
         with self._cond:
             left, self._ready = self._ready, []
         return left
+
+    def withdraw(self, which: Callable[[Task], bool]) -> list[Task]:
+        """Takes the waiting tasks `which` picks out of the queue for a round (e.g. cancelled ones)."""
+        with self._cond:
+            out = [t for t in self._ready if which(t)]
+            if out:
+                self._ready = [t for t in self._ready if not which(t)]
+                self._cond.notify_all()
+        return out
 
     def take(self, slots: int, per_slot: int, window_s: float, wait_s: float) -> list[list[Task]]:
         """The next round (one batch per slot), or [] if nothing was ready within `wait_s` or nudge()

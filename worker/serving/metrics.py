@@ -34,7 +34,7 @@ STAGE_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, float("inf"))
 
 # Heartbeat counters -> (metric, help, labels). Counters are totals since the worker started.
-OUTCOMES = ("succeeded", "failed", "released")
+OUTCOMES = ("succeeded", "failed", "released", "cancelled")
 REFUSALS = {"prompts_refused": "text", "images_refused": "image"}
 COUNTERS = {
     "images_generated": ("dit_worker_images_generated", "Images generated for tasks by every rank of the group"),

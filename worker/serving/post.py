@@ -59,6 +59,9 @@ class PostStage:
             refusal = self._check(task.job, out)
         if refusal is not None:
             return self._done(task, refusal)
+        if self.state.is_cancelled(task):  # never stored
+            return failure(ErrorCode.CANCELLED, "cancelled by a client; the image was discarded before storing",
+                           retryable=False)
         if self.state.is_lost(task):  # a newer attempt owns the task and its object, or it ran out of time
             log.warning("task %s: lease lost or deadline passed; result discarded", task.id,
                         extra=task.fields(stage="check"))
@@ -124,6 +127,15 @@ class PostStage:
         return TaskResult(uri=obj.uri, url=obj.url, content_type=content_type, width=job.width,
                           height=job.height, seed=job.seed, bytes=obj.bytes, sha256=obj.sha256,
                           timings_ms=task.timings.as_dict(), batch_size=out.batch_size, rank=out.rank)
+
+    def discard(self, task: Task, result: TaskResult) -> None:
+        """Removes a stored result the scheduler refused because a client cancelled the task
+        meanwhile. Best effort: a failure is logged (the object is the task's own, under its name)."""
+        try:
+            self.store.remove(result.uri)
+            log.info("task %s: cancelled after storing; %s removed", task.id, result.uri, extra=task.fields())
+        except Exception:
+            log.exception("task %s: could not remove %s after its cancellation", task.id, result.uri)
 
     def _metadata(self, job: Job) -> dict[str, str]:
         meta = {"task_id": job.task_id, "seed": str(job.seed), "model": self.model_name,

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
-from protocol import ErrorCode, ErrorEnvelope, Report, ReportOutcome, TaskReport, TaskResult
+from protocol import ErrorCode, ErrorEnvelope, Report, ReportOutcome, TaskReport, TaskResult, was_cancelled
 from worker.serving.heartbeat import WorkerState
 from worker.serving.metrics import FAILED_PREFIX, Metrics
 from worker.serving.queue_client import LeaseLost, NotFound, QueueClient, QueueError
@@ -36,9 +36,11 @@ def failure(code: ErrorCode, message: str, *, retryable: bool, details: dict | N
 
 class Reporter:
     def __init__(self, client: QueueClient, worker_id: Callable[[], str], state: WorkerState,
-                 deadline_s: float, metrics: Metrics | None = None) -> None:
+                 deadline_s: float, metrics: Metrics | None = None,
+                 discard: Callable[[Task, TaskResult], None] | None = None) -> None:
         self._client = client
         self._metrics = metrics
+        self._discard = discard  # removes a stored result whose task a client cancelled meanwhile
         self._worker_id = worker_id  # read at report time: a re-registration changes it
         self._state = state
         self._deadline_s = deadline_s  # retries of one report; then the lease expiry takes over
@@ -73,7 +75,7 @@ class Reporter:
         if status_code == 200:
             return True
         if status_code == 409:
-            self._state.count("leases_lost")
+            self._state.count("tasks_cancelled" if was_cancelled(detail) else "leases_lost")
         log.warning("task %s dropped before generation (%d): %s", task.id, status_code, detail,
                     extra=task.fields(stage="admit"))
         self._state.end(task)
@@ -88,6 +90,10 @@ class Reporter:
         self._send(task, self._report(task, "failed", error=error.model_copy(update={"worker_id": self._worker_id()})),
                    deadline_s)
 
+    def cancelled(self, task: Task, when: str) -> None:
+        """A task a client cancelled, dropped by this worker: the report ends it `cancelled`."""
+        self.fail(task, ErrorCode.CANCELLED, f"cancelled by a client {when}", retryable=False)
+
     def release(self, task: Task, deadline_s: float | None = None) -> None:
         """Leased but never started: back in the queue at once, and the attempt does not count."""
         self._send(task, self._report(task, "released"), deadline_s)
@@ -96,7 +102,14 @@ class Reporter:
         """Final reports of finished tasks, in one call when there are several."""
         sends = []
         for task, settled in done:
-            if settled is None or self._state.is_lost(task):  # a newer attempt reports, or it was failed late
+            if self._state.is_cancelled(task):  # told by the heartbeat after the image was stored
+                if isinstance(settled, TaskResult) and self._discard is not None:
+                    self._discard(task, settled)
+                error = failure(ErrorCode.CANCELLED, "cancelled by a client; the result was discarded",
+                                retryable=False)
+                sends.append((task, self._report(task, "failed", error=error.model_copy(
+                    update={"worker_id": self._worker_id()}))))
+            elif settled is None or self._state.is_lost(task):  # a newer attempt reports, or it was failed late
                 self._state.end(task)
             elif isinstance(settled, ErrorEnvelope):
                 log.info("task %s failed: %s: %s", task.id, settled.code, settled.message,
@@ -168,9 +181,7 @@ class Reporter:
         for (task, report), out in zip(sends, outcomes):
             try:
                 if out.status_code == 409:
-                    self._state.count("leases_lost")
-                    log.warning("task %s: lease lost, result not reported: %s", task.id, out.detail,
-                                extra=task.fields(stage="report"))
+                    self._refused(task, report, out.detail)
                 elif out.status_code != 200:
                     log.error("task %s: report refused (%d): %s", task.id, out.status_code, out.detail,
                               extra=task.fields(stage="report"))
@@ -178,6 +189,18 @@ class Reporter:
                     self._delivered(task, report, share_us)
             finally:
                 self._state.end(task)
+
+    def _refused(self, task: Task, rep: Report, detail: str | None) -> None:
+        """A 409: the task was cancelled by a client (it is now `cancelled`; a stored result is
+        removed), or its lease belongs to a newer attempt (which reports it)."""
+        if was_cancelled(detail):
+            self._state.count("tasks_cancelled")
+            log.info("task %s cancelled by a client", task.id, extra=task.fields(status="cancelled"))
+            if rep.status == "succeeded" and self._discard is not None:
+                self._discard(task, rep.result)
+            return
+        self._state.count("leases_lost")
+        log.warning("task %s: lease lost, result not reported: %s", task.id, detail, extra=task.fields(stage="report"))
 
     def _no_batches(self) -> None:
         """An older scheduler, without POST /v1/reports: one call per report from now on."""
@@ -201,8 +224,7 @@ class Reporter:
         try:
             self._client.report(task.id, rep, deadline_s=deadline_s or self._deadline_s)
         except LeaseLost as e:
-            self._state.count("leases_lost")
-            log.warning("task %s: lease lost, result not reported: %s", task.id, e, extra=task.fields(stage="report"))
+            self._refused(task, rep, str(e))
         except QueueError as e:
             log.error("task %s: report undeliverable, lease will expire: %s", task.id, e,
                       extra=task.fields(stage="report"))

@@ -66,3 +66,6 @@ class Store(Protocol):
 
     def put(self, item: Artifact) -> StoredObject:
         """Creates the task's object, or returns the one an earlier attempt of the task stored."""
+
+    def remove(self, uri: str) -> None:
+        """Deletes an object this store made (a cancelled task's); gone already is fine."""

@@ -108,6 +108,15 @@ class GCSStore:
         return StoredObject(uri=f"gs://{self.cfg.bucket}/{name}", bytes=len(item.data), sha256=item.sha256,
                             url=self._sign(blob))
 
+    def remove(self, uri: str) -> None:
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        if bucket != self.cfg.bucket or not name:
+            raise ValueError(f"{uri} is not an object of gs://{self.cfg.bucket}")
+        try:
+            self._retrying(lambda: self._bucket.blob(name).delete(timeout=self.cfg.timeout_s, retry=None))
+        except gx.NotFound:
+            pass
+
     def _earlier_attempt(self, name: str, item: Artifact) -> StoredObject:
         """The object an earlier attempt of this task stored: the task's result."""
         existing = self._retrying(lambda: self._bucket.get_blob(name, timeout=self.cfg.timeout_s, retry=None))

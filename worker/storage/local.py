@@ -7,6 +7,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from worker.storage.base import EXTENSIONS, Artifact, StoredObject
 
@@ -43,6 +44,12 @@ class LocalStore:
         finally:
             Path(tmp).unlink(missing_ok=True)
         return StoredObject(uri=path.as_uri(), bytes=len(item.data), sha256=item.sha256)
+
+    def remove(self, uri: str) -> None:
+        path = Path(unquote(urlparse(uri).path)).resolve()
+        if path.parent != self.root:  # only an object this store names, never another path
+            raise ValueError(f"{uri} is not an object of {self.root}")
+        path.unlink(missing_ok=True)
 
     @staticmethod
     def _earlier_attempt(path: Path, item: Artifact) -> StoredObject:

@@ -166,3 +166,14 @@ def test_close_hands_back_what_was_ready_and_drains():
     queue.wait_asked(2)
     assert sorted(t.id for t in intake.close(1)) == ["a", "b"]
     assert intake.drained()
+
+
+def test_withdraw_takes_the_picked_tasks_out_of_the_next_round():
+    from worker.serving.intake import Intake
+
+    intake = Intake(leases=None, gate=None, target=4)
+    tasks = [Task(Lease(task_id=t, input={}, created_at=0.0, lease_token="x", lease_deadline=0.0, lease_ttl_s=1.0,
+                        attempt=1)) for t in "abc"]
+    intake._ready = list(tasks)  # admitted, waiting for a round
+    assert [t.id for t in intake.withdraw(lambda t: t.id != "b")] == ["a", "c"]
+    assert [t.id for t in intake._ready] == ["b"] and intake.withdraw(lambda t: False) == []

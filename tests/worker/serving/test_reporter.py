@@ -186,3 +186,42 @@ def test_processing_reports_that_cannot_be_delivered_together_are_not_sent_again
         state.begin(t, "admit", 10.0)
     assert Reporter(client, lambda: "w-1", state, deadline_s=1.0).processing_all(tasks) == []
     assert client.calls == [2] and client.reports == [] and state.held() == []
+
+
+def test_a_cancelled_task_is_reported_cancelled_and_its_stored_result_removed():
+    client, state, removed = RecordingClient(), WorkerState(), []
+    reporter = Reporter(client, lambda: "w-1", state, deadline_s=1.0, discard=lambda t, r: removed.append(r.uri))
+    stored, waiting = task("a"), task("b")
+    for t in (stored, waiting):
+        state.begin(t, "generate", 60)
+    state.mark_cancelled(["a", "b", "unknown"])
+    assert state.is_cancelled(stored) and state.is_lost(stored) and not state.is_cancelled(task("a"))
+    result = TaskResult(uri="file:///a.png", content_type="image/png", width=1, height=1, seed=1, bytes=1, sha256="0")
+    reporter.deliver_all([(stored, result)])
+    reporter.cancelled(waiting, "before it started")
+    assert removed == ["file:///a.png"]  # the image stored before the worker learned it
+    assert client.reports == [("a", "failed"), ("b", "failed")]
+    assert state.held() == []
+
+
+def test_a_success_refused_because_the_task_was_cancelled_removes_the_object():
+    state, removed = WorkerState(), []
+    client = RecordingClient()
+    client.report_many = lambda reports, deadline_s: [ReportOutcome(
+        task_id=r.task_id, status_code=409, detail=f"task {r.task_id} was cancelled by a client; its succeeded "
+        "report is refused") if r.task_id == "a" else ReportOutcome(task_id=r.task_id, status_code=409,
+                                                                     detail="not held by this token")
+        for r in reports]
+    reporter = Reporter(client, lambda: "w-1", state, deadline_s=1.0, discard=lambda t, r: removed.append(t.id))
+    pool = ThreadPoolExecutor(1)
+    futures = []
+    for t in ("a", "b"):  # b: a stale lease; its object belongs to the newer attempt and stays
+        futures.append(pool.submit(lambda t=t: TaskResult(uri=f"file:///{t}.png", content_type="image/png",
+                                                          width=1, height=1, seed=1, bytes=1, sha256="0")))
+        reporter.track(task(t), futures[-1])
+    for f in futures:  # both finished: reported together
+        f.result(5)
+    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    assert removed == ["a"]
+    counters = state.snapshot().counters
+    assert counters["tasks_cancelled"] == 1 and counters["leases_lost"] == 1

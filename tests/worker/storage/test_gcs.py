@@ -119,3 +119,13 @@ def test_signed_url_v4_with_a_service_account_key(gcs, tmp_path):
 def test_signing_without_a_key_file_is_refused_at_start(gcs):
     with pytest.raises(StorageConfigError, match="needs storage.gcs.credentials_file"):
         store(gcs, signed_url_ttl_s=60)
+
+
+def test_remove_deletes_the_object_and_refuses_another_buckets(gcs):
+    s = store(gcs)
+    obj = s.put(art("t-rm"))
+    s.remove(obj.uri)
+    s.remove(obj.uri)  # gone already is fine
+    assert gcs.bucket("results").get_blob(obj.uri.removeprefix("gs://results/")) is None
+    with pytest.raises(ValueError, match="is not an object of gs://results"):
+        s.remove("gs://other/results/x.png")

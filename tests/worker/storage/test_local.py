@@ -47,3 +47,18 @@ def test_extension_follows_the_content_type(tmp_path):
     store = LocalStore(tmp_path)
     assert store.put(art("a", b"x", "image/webp")).uri.endswith("/a.webp")
     assert store.put(art("b", b"x", "image/jpeg")).uri.endswith("/b.jpg")
+
+
+def test_remove_deletes_this_stores_object_and_nothing_outside_it(tmp_path):
+    store = LocalStore(tmp_path / "results")
+    store.check_writable()
+    obj = store.put(art("task1", b"x"))
+    outside = tmp_path / "keep.png"
+    outside.write_bytes(b"y")
+    with pytest.raises(ValueError, match="is not an object of"):
+        store.remove(outside.as_uri())
+    with pytest.raises(ValueError):
+        store.remove((tmp_path / "results" / ".." / "keep.png").as_uri())
+    store.remove(obj.uri)
+    store.remove(obj.uri)  # gone already is fine
+    assert outside.exists() and not (tmp_path / "results" / "task1.png").exists()
