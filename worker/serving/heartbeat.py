@@ -103,9 +103,12 @@ class WorkerState:
             self._lost.update(fresh)
             self._counters["leases_lost"] = self._counters.get("leases_lost", 0) + len(fresh)
 
-    def mark_cancelled(self, task_ids: list[str]) -> None:
+    def mark_cancelled(self, task_ids: list[str]) -> list[str]:
+        """Those it holds are dropped or discarded from now on; returns the ones it did not know."""
         with self._lock:
-            self._cancelled.update(t for t in task_ids if t in self._held)
+            fresh = sorted({t for t in task_ids if t in self._held} - self._cancelled)
+            self._cancelled.update(fresh)
+        return fresh
 
     def is_cancelled(self, task: Task) -> bool:
         with self._lock:
@@ -212,6 +215,5 @@ class HeartbeatThread(threading.Thread):
             if reply.lost:
                 log.warning("leases lost on %s", ", ".join(reply.lost))
                 self._state.mark_lost(reply.lost)
-            if reply.cancelled:
-                log.info("cancelled by a client: %s", ", ".join(reply.cancelled))
-                self._state.mark_cancelled(reply.cancelled)
+            if reply.cancelled and (fresh := self._state.mark_cancelled(reply.cancelled)):
+                log.info("cancelled by a client: %s", ", ".join(fresh))

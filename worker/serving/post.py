@@ -60,8 +60,8 @@ class PostStage:
         if refusal is not None:
             return self._done(task, refusal)
         if self.state.is_cancelled(task):  # never stored
-            return failure(ErrorCode.CANCELLED, "cancelled by a client; the image was discarded before storing",
-                           retryable=False)
+            return self._done(task, failure(ErrorCode.CANCELLED, "cancelled by a client; the image was "
+                                            "discarded before storing", retryable=False))
         if self.state.is_lost(task):  # a newer attempt owns the task and its object, or it ran out of time
             log.warning("task %s: lease lost or deadline passed; result discarded", task.id,
                         extra=task.fields(stage="check"))

@@ -135,7 +135,8 @@ class Reporter:
         pending, calling `keepalive` (the followers wait in a collective) every `every_s` meanwhile."""
         while self._pending:
             task, post = self._pending[0]
-            if self._state.is_lost(task) and not post.done():  # failed by the watchdog: not waited for
+            # Failed by the watchdog, or lost: not waited for. A cancelled one is: it reports `cancelled`.
+            if self._state.is_lost(task) and not self._state.is_cancelled(task) and not post.done():
                 self._pending.popleft()
                 continue
             if not post.done():
