@@ -7,19 +7,21 @@ import base64
 import contextlib
 import hmac
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from protocol import (
+    FINAL_STATUSES,
     Heartbeat,
     HeartbeatReply,
     LeaseRequest,
@@ -44,6 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from scheduler import status_page as status_page_view
 from scheduler.metrics import RequestTimer, SchedulerMetrics, prometheus_targets
 from scheduler.store import Cancelled, Conflict, NotFound, Store
+from scheduler.waiting import TaskWatch
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class Settings:
     retry_after_s: int = 5
     ready_deadline_s: float = 2.0  # /readyz: the database's answer within this
     status_cache_s: float = 2.0  # one status page gather serves every viewer this long
+    max_wait_s: float = 60.0  # the longest `Prefer: wait=N` or `?wait_s=N` a client may ask for
+    wait_poll_s: float = 1.0  # how often waits look for tasks ended by another process
     # Folders whose result files the status page may show as thumbnails (resolved paths).
     results_roots: tuple[Path, ...] = ()
     # A waiting lease request looks again this often without a wake-up: the fallback for a missed
@@ -119,12 +124,14 @@ def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await store.aopen()
         app.state.waiters = waiters = Waiters()
+        app.state.watch = TaskWatch(store, app.state.settings.wait_poll_s)
         sweeper = asyncio.create_task(_sweep_forever(app))
         if listen := getattr(store, "listen", None):  # other scheduler processes' new work (PostgreSQL)
             loop = asyncio.get_running_loop()
             listen(lambda n: loop.call_soon_threadsafe(waiters.notify, n))
         yield
         sweeper.cancel()
+        await app.state.watch.close()
         await store.aclose()
 
     app = FastAPI(title="dit-worker reference scheduler", version="1", lifespan=lifespan)
@@ -278,7 +285,9 @@ def _client_routes(app: FastAPI) -> None:
     @app.post("/v1/tasks", status_code=201, response_model=TaskView, tags=["clients"],
               dependencies=[Depends(client_auth)],
               responses={200: {"description": "idempotent replay"}, 409: {}, 429: {}})
-    async def submit(body: SubmitTask, response: Response) -> TaskView:
+    async def submit(body: SubmitTask, response: Response,
+                     prefer: str | None = Header(None, description="`wait=N`: answer once the task ends, "
+                                                 "or after N seconds (capped) with the task as it stands")) -> TaskView:
         if await store.acall(store.queued_count) >= app.state.settings.max_queued:
             submissions.labels("refused").inc()
             raise HTTPException(429, "queue is full", headers={
@@ -293,6 +302,9 @@ def _client_routes(app: FastAPI) -> None:
             app.state.waiters.notify(1)
         else:
             response.status_code = 200
+        if (wait_s := _preferred_wait(prefer, app.state.settings.max_wait_s)) is not None:
+            response.headers["Preference-Applied"] = f"wait={wait_s:g}"
+            task = await _waited(app, task, wait_s)
         return task
 
     @app.post("/v1/tasks/batch", status_code=201, response_model=SubmittedBatch, tags=["clients"],
@@ -322,11 +334,14 @@ def _client_routes(app: FastAPI) -> None:
 
     @app.get("/v1/tasks/{task_id}", response_model=TaskView, tags=["clients"],
              dependencies=[Depends(client_auth)], responses={404: {}})
-    async def get_task(task_id: str) -> TaskView:
+    async def get_task(task_id: str, wait_s: float = Query(0, ge=0, le=3600, description=(
+            "long poll: answer once the task ends, or after this many seconds (capped by the scheduler)"))
+            ) -> TaskView:
         try:
-            return await store.acall(store.get, task_id)
+            task = await store.acall(store.get, task_id)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
+        return await _waited(app, task, min(wait_s, app.state.settings.max_wait_s))
 
     @app.post("/v1/tasks/{task_id}/cancel", response_model=TaskView, tags=["clients"],
               dependencies=[Depends(client_auth)], responses={404: {}, 409: {"description": "already ended"}})
@@ -335,11 +350,14 @@ def _client_routes(app: FastAPI) -> None:
         (`cancel_requested_at`): its worker drops it or discards its result, and it ends `cancelled`,
         never `succeeded`. A task that has ended answers 409 and does not change."""
         try:
-            return await store.acall(store.cancel, task_id)
+            task = await store.acall(store.cancel, task_id)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
         except Conflict as e:
             raise HTTPException(409, str(e)) from e
+        if task.status in FINAL_STATUSES:
+            app.state.watch.ended([task_id])
+        return task
 
     @app.get("/v1/tasks", response_model=TaskList, tags=["clients"], dependencies=[Depends(client_auth)])
     async def list_tasks(status: TaskStatus | None = None, limit: int = Query(100, ge=1, le=1000),
@@ -420,6 +438,7 @@ def _worker_routes(app: FastAPI) -> None:
                                              detail=str(out)))
         if requeued := sum(r.task is not None and r.task.status == "queued" for r in results):
             app.state.waiters.notify(requeued)
+        app.state.watch.ended(task_id for (task_id, _), out in zip(items, outcomes) if _ended(out))
         return ReportOutcomes(results=results)
 
     @app.post("/v1/tasks/{task_id}/report", response_model=TaskView, tags=["workers"],
@@ -429,11 +448,39 @@ def _worker_routes(app: FastAPI) -> None:
             task = await store.areport(task_id, body)
         except (NotFound, Conflict) as e:
             metrics.reports.labels(body.status, _report_outcome(e)).inc()
+            if isinstance(e, Cancelled):
+                app.state.watch.ended([task_id])
             raise HTTPException(404 if isinstance(e, NotFound) else 409, str(e)) from e
         metrics.reports.labels(body.status, "accepted").inc()
+        if task.status in FINAL_STATUSES:
+            app.state.watch.ended([task_id])
         if task.status == "queued":  # a retryable failure or a release went back to the queue
             app.state.waiters.notify(1)
         return task
+
+
+def _ended(out: object) -> bool:
+    """A report's outcome that ended its task (accepted final, or refused because cancelled)."""
+    return isinstance(out, Cancelled) or (isinstance(out, TaskView) and out.status in FINAL_STATUSES)
+
+
+_WAIT = re.compile(r'(?:^|[,;\s])wait\s*=\s*"?(\d+(?:\.\d+)?)"?', re.IGNORECASE)
+
+
+def _preferred_wait(prefer: str | None, cap_s: float) -> float | None:
+    """`Prefer: wait=N` (RFC 7240), capped; None when the header asks for no wait."""
+    if not prefer or not (m := _WAIT.search(prefer)):
+        return None
+    return min(float(m.group(1)), cap_s)
+
+
+async def _waited(app: FastAPI, task: TaskView, wait_s: float) -> TaskView:
+    """The task once it has ended, or as it stands after `wait_s`. No connection is held meanwhile."""
+    if wait_s <= 0 or task.status in FINAL_STATUSES:
+        return task
+    store: Store = app.state.store
+    await app.state.watch.wait(task.id, wait_s)
+    return await store.acall(store.get, task.id)
 
 
 def _report_outcome(out: object) -> str:

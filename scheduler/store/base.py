@@ -57,6 +57,9 @@ class Store(Protocol):
     def ping(self) -> None:
         """One round trip to the database; raises when it cannot be reached."""
 
+    def ended_among(self, task_ids: list[str]) -> list[str]:
+        """Those of `task_ids` in a final state."""
+
     def queued_count(self) -> int: ...
 
     def figures(self) -> QueueFigures: ...

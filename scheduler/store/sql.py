@@ -204,6 +204,12 @@ class SQLStore:
         """One round trip to the database: raises when it cannot be reached."""
         self._read().execute("SELECT 1 AS one").fetchone()
 
+    def ended_among(self, task_ids: list[str]) -> list[str]:
+        """Those of `task_ids` that have reached a final state (one query)."""
+        in_ids, ids = self._ids(task_ids)
+        return [r["id"] for r in self._read().execute(
+            f"SELECT id FROM tasks WHERE {in_ids} AND status IN ('succeeded', 'failed', 'cancelled')", (ids,))]
+
     def queued_count(self) -> int:
         return self._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE status = 'queued'").fetchone()["n"]
 
