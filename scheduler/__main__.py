@@ -48,6 +48,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-ttl", type=float, default=60.0, help="seconds a lease lives without renewal")
     p.add_argument("--max-attempts", type=int, default=3, help="leases per task before it fails for good")
     p.add_argument("--max-queued", type=int, default=100_000, help="429 to clients beyond this backlog")
+    p.add_argument("--rate-limit", type=float, default=0.0,
+                   help="tasks per second each client may submit (by bearer token, or address); 0: no limit")
+    p.add_argument("--rate-burst", type=float, default=0.0, help="tasks a client may submit at once; 0: ten "
+                   "seconds' worth of --rate-limit")
     p.add_argument("--max-wait", type=float, default=60.0,
                    help="seconds a client may wait for a task to end in one call (Prefer: wait=N, ?wait_s=N)")
     p.add_argument("--db-pool", type=_at_least_one, default=4,
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(worker_tokens=_tokens(args.worker_tokens_env),
                         client_tokens=_tokens(args.client_tokens_env), max_queued=args.max_queued,
                         results_roots=tuple(Path(r).resolve() for r in args.results_root),
-                        max_wait_s=args.max_wait)
+                        max_wait_s=args.max_wait, rate_limit=args.rate_limit, rate_burst=args.rate_burst)
     if not _is_loopback(args.host) and not (settings.worker_tokens and settings.client_tokens):
         log.error("refusing to listen on %s without auth: set %s and %s (comma-separated tokens)",
                   args.host, args.worker_tokens_env, args.client_tokens_env)

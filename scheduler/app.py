@@ -7,6 +7,7 @@ import base64
 import contextlib
 import hmac
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator
@@ -46,6 +47,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from scheduler import status_page as status_page_view
 from scheduler.metrics import RequestTimer, SchedulerMetrics, prometheus_targets
 from scheduler.store import Cancelled, Conflict, NotFound, Store
+from scheduler.limits import RateLimit, client_key, retry_after_s
 from scheduler.waiting import TaskWatch
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,9 @@ class Settings:
     max_queued: int = 100_000
     max_body_bytes: int = 1 << 20  # 413 beyond: a task's input is a prompt and a few numbers
     sweep_interval_s: float = 1.0
-    retry_after_s: int = 5
+    # Per client (bearer token, or address when auth is off): tasks per second and burst; 0: off.
+    rate_limit: float = 0.0
+    rate_burst: float = 0.0  # 0: ten seconds' worth
     ready_deadline_s: float = 2.0  # /readyz: the database's answer within this
     status_cache_s: float = 2.0  # one status page gather serves every viewer this long
     max_wait_s: float = 60.0  # the longest `Prefer: wait=N` or `?wait_s=N` a client may ask for
@@ -125,6 +129,9 @@ def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
         await store.aopen()
         app.state.waiters = waiters = Waiters()
         app.state.watch = TaskWatch(store, app.state.settings.wait_poll_s)
+        s = app.state.settings
+        app.state.rate = RateLimit(s.rate_limit, s.rate_burst or max(1.0, s.rate_limit * 10))
+        app.state.pace = {"at": float("-inf"), "ended": 0}  # tasks ended in the last minute, cached
         sweeper = asyncio.create_task(_sweep_forever(app))
         if listen := getattr(store, "listen", None):  # other scheduler processes' new work (PostgreSQL)
             loop = asyncio.get_running_loop()
@@ -285,13 +292,10 @@ def _client_routes(app: FastAPI) -> None:
     @app.post("/v1/tasks", status_code=201, response_model=TaskView, tags=["clients"],
               dependencies=[Depends(client_auth)],
               responses={200: {"description": "idempotent replay"}, 409: {}, 429: {}})
-    async def submit(body: SubmitTask, response: Response,
+    async def submit(body: SubmitTask, request: Request, response: Response,
                      prefer: str | None = Header(None, description="`wait=N`: answer once the task ends, "
                                                  "or after N seconds (capped) with the task as it stands")) -> TaskView:
-        if await store.acall(store.queued_count) >= app.state.settings.max_queued:
-            submissions.labels("refused").inc()
-            raise HTTPException(429, "queue is full", headers={
-                "Retry-After": str(app.state.settings.retry_after_s)})
+        await _admit(app, request, 1)
         try:
             task, created = await store.acall(store.submit, body)
         except Conflict as e:
@@ -309,12 +313,9 @@ def _client_routes(app: FastAPI) -> None:
 
     @app.post("/v1/tasks/batch", status_code=201, response_model=SubmittedBatch, tags=["clients"],
               dependencies=[Depends(client_auth)], responses={409: {}, 429: {}})
-    async def submit_batch(body: SubmitBatch) -> SubmittedBatch:
+    async def submit_batch(body: SubmitBatch, request: Request) -> SubmittedBatch:
         """Many tasks in one call and one transaction: all are stored, or none."""
-        if await store.acall(store.queued_count) + len(body.tasks) > app.state.settings.max_queued:
-            submissions.labels("refused").inc(len(body.tasks))
-            raise HTTPException(429, "queue is full", headers={
-                "Retry-After": str(app.state.settings.retry_after_s)})
+        await _admit(app, request, len(body.tasks))
         try:
             out = await store.acall(store.submit_many, body.tasks)
         except Conflict as e:
@@ -457,6 +458,37 @@ def _worker_routes(app: FastAPI) -> None:
         if task.status == "queued":  # a retryable failure or a release went back to the queue
             app.state.waiters.notify(1)
         return task
+
+
+async def _admit(app: FastAPI, request: Request, n: int) -> None:
+    """429 with a Retry-After when the queue is full or this client is over its rate; n tasks."""
+    settings: Settings = app.state.settings
+    store: Store = app.state.store
+    queued = await store.acall(store.queued_count)
+    if queued + n > settings.max_queued:
+        app.state.metrics.submissions.labels("refused").inc(n)
+        retry = retry_after_s(queued + n - settings.max_queued, await _pace(app))
+        raise HTTPException(429, f"queue is full ({queued} queued, limit {settings.max_queued}); at the recent "
+                            f"pace there is room in about {retry}s", headers={"Retry-After": str(retry)})
+    client = client_key(request.headers.get("authorization"), request.client.host if request.client else None)
+    wait = app.state.rate.take(client, n)
+    if wait == math.inf:
+        raise HTTPException(422, f"{n} tasks in one call is over this client's burst ({app.state.rate.burst:g}); "
+                            "send fewer per call")
+    if wait > 0:
+        app.state.metrics.submissions.labels("rate_limited").inc(n)
+        raise HTTPException(429, f"rate limit: {settings.rate_limit:g} tasks/s per client", headers={
+            "Retry-After": str(max(1, math.ceil(wait)))})
+
+
+async def _pace(app: FastAPI) -> int:
+    """Tasks ended in the last minute, read at most every 5 s (a full queue must not cost a scan per
+    refused request)."""
+    pace = app.state.pace
+    if time.monotonic() - pace["at"] > 5:
+        store: Store = app.state.store
+        pace.update(at=time.monotonic(), ended=await run_in_threadpool(store.ended_since, 60))
+    return pace["ended"]
 
 
 def _ended(out: object) -> bool:

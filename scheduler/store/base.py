@@ -60,6 +60,9 @@ class Store(Protocol):
     def ended_among(self, task_ids: list[str]) -> list[str]:
         """Those of `task_ids` in a final state."""
 
+    def ended_since(self, window_s: float) -> int:
+        """Tasks that ended within the last `window_s`."""
+
     def queued_count(self) -> int: ...
 
     def figures(self) -> QueueFigures: ...

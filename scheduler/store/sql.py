@@ -210,6 +210,11 @@ class SQLStore:
         return [r["id"] for r in self._read().execute(
             f"SELECT id FROM tasks WHERE {in_ids} AND status IN ('succeeded', 'failed', 'cancelled')", (ids,))]
 
+    def ended_since(self, window_s: float) -> int:
+        """Tasks that reached a final state within the last `window_s` (the recent pace)."""
+        return self._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE finished_at >= ?",
+                                    (self._clock() - window_s,)).fetchone()["n"]
+
     def queued_count(self) -> int:
         return self._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE status = 'queued'").fetchone()["n"]
 

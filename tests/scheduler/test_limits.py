@@ -1,0 +1,68 @@
+"""Back-pressure: a rate limit per client and the queue-depth limit, both 429 with a Retry-After the
+client can act on (the depth limit's estimated from the last minute's pace)."""
+
+from __future__ import annotations
+
+import math
+
+from fastapi.testclient import TestClient
+
+from protocol import RegisterWorker, Report, TaskResult
+from scheduler.app import Settings, create_app
+from scheduler.limits import IDLE_FLEET_RETRY_S, RateLimit, client_key, retry_after_s
+from tests.harness import Clock
+
+
+def test_a_token_bucket_per_client():
+    clock = Clock()
+    limit = RateLimit(rate=2, burst=4, clock=clock)
+    assert [limit.take("a") for _ in range(4)] == [0, 0, 0, 0]
+    assert limit.take("a") == 0.5  # one token comes back every half second
+    assert limit.take("b") == 0  # another client has its own bucket
+    clock.now += 1.0
+    assert limit.take("a", 2) == 0 and limit.take("a") == 0.5
+    assert limit.take("a", 5) == math.inf  # over the burst: never
+    assert RateLimit(rate=0, burst=0).take("a", 1000) == 0  # off
+
+
+def test_the_client_is_its_token_digest_or_its_address():
+    key = client_key("Bearer s3cret", "10.0.0.1")
+    assert key.startswith("t:") and "s3cret" not in key and key != client_key("Bearer other", "10.0.0.1")
+    assert client_key(None, "10.0.0.1") == "a:10.0.0.1"
+
+
+def test_retry_after_follows_the_recent_pace():
+    assert retry_after_s(excess=10, ended_last_minute=120) == 5  # two a second: 10 in 5 s
+    assert retry_after_s(excess=1, ended_last_minute=6000) == 1
+    assert retry_after_s(excess=10**6, ended_last_minute=1) == 300  # capped
+    assert retry_after_s(excess=5, ended_last_minute=0) == IDLE_FLEET_RETRY_S
+
+
+def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
+    with TestClient(create_app(make_store(), Settings(rate_limit=1, rate_burst=3))) as http:
+        codes = [http.post("/v1/tasks", json={"input": {"prompt": "x"}}).status_code for _ in range(3)]
+        refused = http.post("/v1/tasks", json={"input": {"prompt": "x"}})
+        assert codes == [201] * 3 and refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert "rate limit: 1 tasks/s per client" in refused.json()["detail"]
+        too_big = http.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "x"}}] * 4})
+        assert too_big.status_code == 422 and "over this client's burst (3)" in too_big.json()["detail"]
+        other = http.post("/v1/tasks", json={"input": {"prompt": "x"}}, headers={"Authorization": "Bearer b"})
+        assert other.status_code == 201  # auth is off, but a token still names another client
+
+
+def test_a_full_queue_is_429_with_a_retry_after_from_the_recent_pace(make_store, clock):
+    store = make_store()
+    wid, _ = store.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
+    with TestClient(create_app(store, Settings(max_queued=3))) as http:
+        for _ in range(6):  # six tasks end within the minute: a pace of 6 a minute
+            http.post("/v1/tasks", json={"input": {"prompt": "done"}})
+            (lease,) = store.claim(wid, 1)
+            store.report(lease.task_id, Report(worker_id=wid, lease_token=lease.lease_token, status="succeeded",
+                                               result=TaskResult(uri="u", content_type="image/png", width=1,
+                                                                 height=1, seed=1, bytes=1, sha256="0")))
+        for _ in range(3):
+            assert http.post("/v1/tasks", json={"input": {"prompt": "q"}}).status_code == 201
+        refused = http.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "q"}}] * 2})
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "20"  # 2 over the limit at 6 a minute
+        assert "queue is full (3 queued, limit 3)" in refused.json()["detail"]
