@@ -126,6 +126,8 @@ class TaskView(_Strict):
     finished_at: float | None
     cancel_requested_at: float | None = Field(None, description=(
         "when a client asked to cancel it while a worker held it; it ends `cancelled`"))
+    expires_at: float | None = Field(None, description=(
+        "once ended: when the scheduler removes the task (its retention); GET then answers 404"))
 
 
 class TaskList(_Strict):

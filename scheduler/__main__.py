@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds without a heartbeat before a worker is lost and its tasks requeued")
     p.add_argument("--worker-retention", type=float, default=86400.0,
                    help="seconds lost and replaced registrations stay listed")
+    p.add_argument("--retention", type=float, default=7 * 86400.0,
+                   help="seconds an ended task is kept (its expires_at), then removed; default 7 days")
+    p.add_argument("--remove-expired-results", action="store_true",
+                   help="also delete an expired task's local result file when it lies under a --results-root")
     p.add_argument("--worker-tokens-env", default="DIT_WORKER_TOKENS",
                    help="env var with comma-separated bearer tokens for workers")
     p.add_argument("--client-tokens-env", default="DIT_CLIENT_TOKENS",
@@ -86,13 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(worker_tokens=_tokens(args.worker_tokens_env),
                         client_tokens=_tokens(args.client_tokens_env), max_queued=args.max_queued,
                         results_roots=tuple(Path(r).resolve() for r in args.results_root),
-                        max_wait_s=args.max_wait, rate_limit=args.rate_limit, rate_burst=args.rate_burst)
+                        max_wait_s=args.max_wait, rate_limit=args.rate_limit, rate_burst=args.rate_burst,
+                        remove_expired_results=args.remove_expired_results)
     if not _is_loopback(args.host) and not (settings.worker_tokens and settings.client_tokens):
         log.error("refusing to listen on %s without auth: set %s and %s (comma-separated tokens)",
                   args.host, args.worker_tokens_env, args.client_tokens_env)
         return 2
     store = open_store(args.db, lease_ttl_s=args.lease_ttl, max_attempts=args.max_attempts,
-                       liveness_s=args.worker_liveness, retention_s=args.worker_retention, pool_size=args.db_pool)
+                       liveness_s=args.worker_liveness, retention_s=args.worker_retention, pool_size=args.db_pool,
+                       task_retention_s=args.retention)
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              args.host, args.port, args.db, args.lease_ttl, args.max_attempts,
              "on" if settings.worker_tokens else "off (loopback)")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
@@ -68,6 +69,7 @@ class Settings:
     status_cache_s: float = 2.0  # one status page gather serves every viewer this long
     max_wait_s: float = 60.0  # the longest `Prefer: wait=N` or `?wait_s=N` a client may ask for
     wait_poll_s: float = 1.0  # how often waits look for tasks ended by another process
+    remove_expired_results: bool = False  # delete an expired task's local result file (under results_roots)
     # Folders whose result files the status page may show as thumbnails (resolved paths).
     results_roots: tuple[Path, ...] = ()
     # A waiting lease request looks again this often without a wake-up: the fallback for a missed
@@ -281,8 +283,23 @@ async def _sweep_forever(app: FastAPI) -> None:
         try:
             if moved := await app.state.store.acall(app.state.store.sweep):
                 app.state.waiters.notify(moved)
+            if expired := await app.state.store.acall(app.state.store.purge):
+                await run_in_threadpool(_remove_results, expired, app.state.settings)
         except Exception:  # a locked or broken DB must not end the sweeper
             log.exception("lease sweep failed")
+
+
+def _remove_results(uris: list[str], settings: Settings) -> None:
+    """Expired tasks' local result files, when the operator asked for it, and only under the results
+    roots. Objects in GCS are left to the bucket's lifecycle rule (docs/deploy.md)."""
+    if not settings.remove_expired_results:
+        return
+    for uri in uris:
+        if not uri.startswith("file://"):
+            continue
+        path = Path(unquote(urlparse(uri).path)).resolve()
+        if any(path.is_relative_to(root) for root in settings.results_roots):
+            path.unlink(missing_ok=True)
 
 
 def _client_routes(app: FastAPI) -> None:

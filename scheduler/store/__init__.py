@@ -14,7 +14,8 @@ __all__ = ["Cancelled", "Conflict", "NotFound", "SQLiteStore", "Store", "open_st
 
 def open_store(db: str | Path, **options) -> Store:
     """postgresql://...: PostgreSQL (psycopg, from the `postgres` extra); a file path: SQLite
-    (created with its folder). Options: lease_ttl_s, max_attempts, liveness_s, retention_s;
+    (created with its folder). Options: lease_ttl_s, max_attempts, liveness_s, retention_s (worker
+    registrations), task_retention_s (ended tasks);
     pool_size, PostgreSQL's connections per pool (ignored by SQLite)."""
     if str(db).startswith(("postgresql://", "postgres://")):
         from scheduler.store.postgres import PostgresStore  # psycopg only where it is used

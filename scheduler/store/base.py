@@ -93,6 +93,9 @@ class Store(Protocol):
     def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
         """Each report applied on its own, atomically, in order; a refused one returned as its error."""
 
+    def purge(self, limit: int = 5000) -> list[str]:
+        """Removes ended tasks past their retention (`expires_at`); the result URIs they held."""
+
     def sweep(self) -> int:
         """Requeues (or fails) tasks whose lease expired; the number of tasks it moved."""
 
@@ -114,7 +117,7 @@ class Store(Protocol):
     async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]: ...
 
 
-def task_view(row: Mapping[str, Any]) -> TaskView:
+def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskView:
     return TaskView(
         id=row["id"], status=row["status"], input=json.loads(row["input"]), priority=row["priority"],
         attempts=row["attempts"], max_attempts=row["max_attempts"],
@@ -124,6 +127,7 @@ def task_view(row: Mapping[str, Any]) -> TaskView:
         created_at=row["created_at"], updated_at=row["updated_at"],
         started_at=row["started_at"], finished_at=row["finished_at"],
         cancel_requested_at=row["cancel_requested_at"],
+        expires_at=row["finished_at"] + retention_s if row["finished_at"] is not None and retention_s else None,
     )
 
 

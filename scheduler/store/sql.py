@@ -87,15 +87,20 @@ class SQLStore:
     inline = False  # True: in-process and short, called on the app's event loop instead of a thread
 
     def __init__(self, *, lease_ttl_s: float = 60.0, max_attempts: int = 3, liveness_s: float = 90.0,
-                 retention_s: float = 86400.0, clock: Callable[[], float] = time.time) -> None:
+                 retention_s: float = 86400.0, task_retention_s: float = 7 * 86400.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.lease_ttl_s = lease_ttl_s
         self.max_attempts = max_attempts
         self.liveness_s = liveness_s  # a worker silent this long is lost; its tasks go back
         self.retention_s = retention_s  # lost and replaced registrations are kept this long
+        self.task_retention_s = task_retention_s  # ended tasks are kept this long (expires_at), then removed
         self._clock = clock
         # Held tasks this process took back, by (reason code, "queued" or "failed"): for /metrics.
         self.reclaimed: Counter[tuple[str, str]] = Counter()
         self._reclaimed_lock = threading.Lock()
+
+    def _view(self, row: Any) -> TaskView:
+        return task_view(row, self.task_retention_s)
 
     # ------------------------------------------------------------ backend hooks
 
@@ -181,16 +186,16 @@ class SQLStore:
             if row is not None:
                 if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
                     raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
-                return task_view(row), False
+                return self._view(row), False
         row = db.execute(
             "INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts,"
             " created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
             (uuid.uuid4().hex, req.idempotency_key, json.dumps(req.input, sort_keys=True), req.priority,
              req.max_attempts or self.max_attempts, now, now)).fetchone()
-        return task_view(row), True
+        return self._view(row), True
 
     def get(self, task_id: str) -> TaskView:
-        return task_view(_get(self._read(), task_id))
+        return self._view(_get(self._read(), task_id))
 
     def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]:
         if status:
@@ -198,7 +203,7 @@ class SQLStore:
                                         (status, limit, offset)).fetchall()
         else:
             rows = self._read().execute("SELECT * FROM tasks ORDER BY seq LIMIT ? OFFSET ?", (limit, offset)).fetchall()
-        return [task_view(r) for r in rows]
+        return [self._view(r) for r in rows]
 
     def ping(self) -> None:
         """One round trip to the database: raises when it cannot be reached."""
@@ -241,7 +246,7 @@ class SQLStore:
         rows = self._read().execute(
             "SELECT * FROM tasks WHERE finished_at >= ? AND status = ? ORDER BY finished_at DESC LIMIT ?",
             (since, status, limit)).fetchall()
-        return [task_view(r) for r in rows]
+        return [self._view(r) for r in rows]
 
     def history(self, window_s: float, bucket_s: int) -> list[dict]:
         """Per bucket of `bucket_s` over the last `window_s` and per final status: tasks ended, and
@@ -336,7 +341,7 @@ class SQLStore:
             else:
                 row = db.execute("UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, ?),"
                                  " updated_at = ? WHERE id = ? RETURNING *", (now, now, task_id)).fetchone()
-        return task_view(row)
+        return self._view(row)
 
     @staticmethod
     def _end_cancelled(db: Any, task_id: str, now: float, why: str) -> Any:
@@ -366,7 +371,7 @@ class SQLStore:
         with self._tx() as db:
             for task_id, rep in items:
                 try:
-                    out.append(task_view(self._apply(db, task_id, rep, now)))
+                    out.append(self._view(self._apply(db, task_id, rep, now)))
                 except (NotFound, Conflict) as e:  # raised before anything is written
                     out.append(e)
         return out
@@ -395,7 +400,7 @@ class SQLStore:
         out: list[TaskView | NotFound | Conflict] = []
         for task_id, rep in items:
             if task_id in changed:
-                out.append(task_view(changed[task_id]))
+                out.append(self._view(changed[task_id]))
                 continue
             found = yield Read("SELECT status, cancel_requested_at FROM tasks WHERE id = ?", (task_id,))
             if not found:
@@ -455,6 +460,15 @@ class SQLStore:
                        " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.retention_s,))
             self._notify(db, moved)
         return moved
+
+    def purge(self, limit: int = 5000) -> list[str]:
+        """Removes up to `limit` tasks whose retention has passed (`expires_at`); the result URIs they
+        held, for the caller to remove where it was asked to."""
+        with self._tx() as db:
+            rows = db.execute(
+                "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks WHERE finished_at < ? ORDER BY finished_at"
+                " LIMIT ?) RETURNING result", (self._clock() - self.task_retention_s, limit)).fetchall()
+        return [json.loads(r["result"])["uri"] for r in rows if r["result"]]
 
     def _expire(self, db: Any, now: float) -> int:
         """Tasks whose lease expired go back to the queue, or fail when out of attempts. A lease is
