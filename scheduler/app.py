@@ -107,11 +107,11 @@ class Waiters:
                 n -= 1
 
 
-def _bearer_checker(tokens_of: str):
+def _bearer_checker(*tokens_of: str):
     scheme = HTTPBearer(auto_error=False)
 
     async def check(request: Request, cred: HTTPAuthorizationCredentials | None = Depends(scheme)) -> None:
-        tokens: frozenset[str] = getattr(request.app.state.settings, tokens_of)
+        tokens: frozenset[str] = frozenset().union(*(getattr(request.app.state.settings, t) for t in tokens_of))
         if not tokens:
             return
         if cred is None or not any(hmac.compare_digest(cred.credentials, t) for t in tokens):
@@ -123,6 +123,7 @@ def _bearer_checker(tokens_of: str):
 
 worker_auth = _bearer_checker("worker_tokens")
 client_auth = _bearer_checker("client_tokens")
+reader_auth = _bearer_checker("worker_tokens", "client_tokens")  # either may read the workers list
 
 
 def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
@@ -399,7 +400,7 @@ def _worker_routes(app: FastAPI) -> None:
             app.state.waiters.notify(requeued)
         return Registered(worker_id=worker_id, lease_ttl_s=store.lease_ttl_s)
 
-    @app.get("/v1/workers", response_model=list[WorkerView], tags=["workers"], dependencies=auth)
+    @app.get("/v1/workers", response_model=list[WorkerView], tags=["workers"], dependencies=[Depends(reader_auth)])
     async def list_workers() -> list[WorkerView]:
         return await run_in_threadpool(store.workers)
 

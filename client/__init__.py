@@ -1,0 +1,23 @@
+"""The Python client of the queue protocol (httpx, tenacity, the protocol's own models), sync and
+async, and the `dit` command built on it (client/cli.py).
+
+    from client import Client
+    with Client("http://scheduler:8700", token="...") as dit:
+        task = dit.submit("a lighthouse at dawn", width=1360, height=768, wait_s=60)
+        dit.download(task, "out.png")
+"""
+
+from client.api import AsyncClient, Client
+from client.errors import (
+    AuthError,
+    ClientError,
+    Conflict,
+    InvalidRequest,
+    RateLimited,
+    TaskFailed,
+    TaskNotFound,
+    Unavailable,
+)
+
+__all__ = ["AsyncClient", "AuthError", "Client", "ClientError", "Conflict", "InvalidRequest", "RateLimited",
+           "TaskFailed", "TaskNotFound", "Unavailable"]
