@@ -128,9 +128,9 @@ def messages(text: str) -> str:
 
 
 def start_scheduler(db: Path | str, port: int, log_path: Path, lease_ttl: float = 15.0,
-                    max_attempts: int = 3, extra: list[str] = ()) -> Proc:
+                    max_attempts: int = 3, extra: list[str] = (), env: dict[str, str] | None = None) -> Proc:
     proc = Proc([sys.executable, "-m", "scheduler", "--db", str(db), "--port", str(port),
-                 "--lease-ttl", str(lease_ttl), "--max-attempts", str(max_attempts), *extra], log_path)
+                 "--lease-ttl", str(lease_ttl), "--max-attempts", str(max_attempts), *extra], log_path, env=env)
     wait_healthy(f"http://127.0.0.1:{port}", proc)
     return proc
 

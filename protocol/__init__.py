@@ -31,10 +31,12 @@ from protocol.models import (
     TaskResult,
     TaskStatus,
     TaskView,
+    Webhook,
+    WebhookAttempt,
     WorkerStatus,
     WorkerView,
 )
 
 __all__ = ["CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
            "LeaseResponse", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
-           "TaskReport", "TaskResult", "TaskStatus", "TaskView", "WorkerStatus", "WorkerView"]
+           "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerStatus", "WorkerView"]

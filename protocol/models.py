@@ -72,6 +72,22 @@ class _Strict(_Wire):
 # ---------------------------------------------------------------- clients
 
 
+class Webhook(_Strict):
+    """A URL the scheduler calls (POST, JSON of the task, signed) when the task ends, and when it
+    starts if asked. Only hosts the operator allows are accepted."""
+
+    url: str = Field(max_length=2000, pattern=r"^https?://[^\s/]+", description="http(s) URL on an allowed host")
+    events: list[Literal["started", "ended"]] = Field(["ended"], min_length=1, max_length=2)
+
+
+class WebhookAttempt(_Strict):
+    event: Literal["started", "ended"]
+    at: float
+    status_code: int | None = None
+    error: str | None = None
+    delivered: bool
+
+
 class SubmitTask(_Strict):
     """POST /v1/tasks. `input` holds prompt, width, height, steps, seed, output_format."""
 
@@ -79,6 +95,7 @@ class SubmitTask(_Strict):
     priority: int = Field(0, ge=-1000, le=1000, description="higher is leased first")
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
     max_attempts: int | None = Field(None, ge=1, le=20, description="defaults to the scheduler's")
+    webhook: Webhook | None = None
 
 
 class ErrorEnvelope(_Strict):
@@ -128,6 +145,8 @@ class TaskView(_Strict):
         "when a client asked to cancel it while a worker held it; it ends `cancelled`"))
     expires_at: float | None = Field(None, description=(
         "once ended: when the scheduler removes the task (its retention); GET then answers 404"))
+    webhook: Webhook | None = None
+    webhook_attempts: list[WebhookAttempt] = Field([], description="each delivery attempt, oldest first")
 
 
 class TaskList(_Strict):

@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds an ended task is kept (its expires_at), then removed; default 7 days")
     p.add_argument("--remove-expired-results", action="store_true",
                    help="also delete an expired task's local result file when it lies under a --results-root")
+    p.add_argument("--webhook-allow", action="append", default=[], metavar="HOST[:PORT]",
+                   help="a host tasks' webhooks may name (repeatable; *.example.com for a domain); none: no webhooks")
+    p.add_argument("--webhook-secret-env", default="DIT_WEBHOOK_SECRET",
+                   help="env var holding the key that signs webhooks (HMAC-SHA256); needed with --webhook-allow")
     p.add_argument("--worker-tokens-env", default="DIT_WORKER_TOKENS",
                    help="env var with comma-separated bearer tokens for workers")
     p.add_argument("--client-tokens-env", default="DIT_CLIENT_TOKENS",
@@ -91,7 +95,13 @@ def main(argv: list[str] | None = None) -> int:
                         client_tokens=_tokens(args.client_tokens_env), max_queued=args.max_queued,
                         results_roots=tuple(Path(r).resolve() for r in args.results_root),
                         max_wait_s=args.max_wait, rate_limit=args.rate_limit, rate_burst=args.rate_burst,
-                        remove_expired_results=args.remove_expired_results)
+                        remove_expired_results=args.remove_expired_results,
+                        webhook_allow=tuple(args.webhook_allow),
+                        webhook_secret=os.environ.get(args.webhook_secret_env, "").encode())
+    if args.webhook_allow and not settings.webhook_secret:
+        log.error("--webhook-allow needs a signing key: set %s (a long random string shared with the receivers)",
+                  args.webhook_secret_env)
+        return 2
     if not _is_loopback(args.host) and not (settings.worker_tokens and settings.client_tokens):
         log.error("refusing to listen on %s without auth: set %s and %s (comma-separated tokens)",
                   args.host, args.worker_tokens_env, args.client_tokens_env)

@@ -50,6 +50,7 @@ from scheduler.metrics import RequestTimer, SchedulerMetrics, prometheus_targets
 from scheduler.store import Cancelled, Conflict, NotFound, Store
 from scheduler.limits import RateLimit, client_key, retry_after_s
 from scheduler.waiting import TaskWatch
+from scheduler.webhooks import Dispatcher, refusal
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,10 @@ class Settings:
     status_cache_s: float = 2.0  # one status page gather serves every viewer this long
     max_wait_s: float = 60.0  # the longest `Prefer: wait=N` or `?wait_s=N` a client may ask for
     wait_poll_s: float = 1.0  # how often waits look for tasks ended by another process
+    # Hosts a task's webhook may name (host, host:port, *.domain); none: webhooks are refused.
+    webhook_allow: tuple[str, ...] = ()
+    webhook_secret: bytes = b""  # the HMAC-SHA256 key of every webhook's signature
+    webhook_max_age_s: float = 3600.0  # retries of one webhook event stop this long after the first
     remove_expired_results: bool = False  # delete an expired task's local result file (under results_roots)
     # Folders whose result files the status page may show as thumbnails (resolved paths).
     results_roots: tuple[Path, ...] = ()
@@ -136,11 +141,16 @@ def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
         app.state.rate = RateLimit(s.rate_limit, s.rate_burst or max(1.0, s.rate_limit * 10))
         app.state.pace = {"at": float("-inf"), "ended": 0}  # tasks ended in the last minute, cached
         sweeper = asyncio.create_task(_sweep_forever(app))
+        dispatcher = None
+        if s.webhook_allow:  # off the request path: a slow receiver delays only its own calls
+            dispatcher = asyncio.create_task(Dispatcher(store, s.webhook_secret, max_age_s=s.webhook_max_age_s).run())
         if listen := getattr(store, "listen", None):  # other scheduler processes' new work (PostgreSQL)
             loop = asyncio.get_running_loop()
             listen(lambda n: loop.call_soon_threadsafe(waiters.notify, n))
         yield
         sweeper.cancel()
+        if dispatcher is not None:
+            dispatcher.cancel()
         await app.state.watch.close()
         await store.aclose()
 
@@ -313,6 +323,7 @@ def _client_routes(app: FastAPI) -> None:
     async def submit(body: SubmitTask, request: Request, response: Response,
                      prefer: str | None = Header(None, description="`wait=N`: answer once the task ends, "
                                                  "or after N seconds (capped) with the task as it stands")) -> TaskView:
+        _check_webhooks(app, [body])
         await _admit(app, request, 1)
         try:
             task, created = await store.acall(store.submit, body)
@@ -333,6 +344,7 @@ def _client_routes(app: FastAPI) -> None:
               dependencies=[Depends(client_auth)], responses={409: {}, 429: {}})
     async def submit_batch(body: SubmitBatch, request: Request) -> SubmittedBatch:
         """Many tasks in one call and one transaction: all are stored, or none."""
+        _check_webhooks(app, body.tasks)
         await _admit(app, request, len(body.tasks))
         try:
             out = await store.acall(store.submit_many, body.tasks)
@@ -476,6 +488,13 @@ def _worker_routes(app: FastAPI) -> None:
         if task.status == "queued":  # a retryable failure or a release went back to the queue
             app.state.waiters.notify(1)
         return task
+
+
+def _check_webhooks(app: FastAPI, tasks: list[SubmitTask]) -> None:
+    """422 naming the host when a task's webhook is not on the operator's allowlist."""
+    for i, task in enumerate(tasks):
+        if task.webhook is not None and (why := refusal(task.webhook.url, app.state.settings.webhook_allow)):
+            raise HTTPException(422, f"tasks[{i}]: {why}" if len(tasks) > 1 else why)
 
 
 async def _admit(app: FastAPI, request: Request, n: int) -> None:

@@ -17,6 +17,7 @@ from protocol import (
     Report,
     SubmitTask,
     TaskView,
+    WebhookAttempt,
     WorkerView,
 )
 
@@ -93,6 +94,12 @@ class Store(Protocol):
     def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
         """Each report applied on its own, atomically, in order; a refused one returned as its error."""
 
+    def claim_webhooks(self, limit: int, hold_s: float = 60.0) -> list[tuple[TaskView, float]]:
+        """Tasks with a webhook event due, held for `hold_s`: (task, claim mark)."""
+
+    def webhook_attempted(self, task_id: str, attempt: "WebhookAttempt", mark: float, next_due: float | None) -> None:
+        """Records a delivery attempt; `next_due` None when delivered or given up."""
+
     def purge(self, limit: int = 5000) -> list[str]:
         """Removes ended tasks past their retention (`expires_at`); the result URIs they held."""
 
@@ -128,6 +135,8 @@ def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskV
         started_at=row["started_at"], finished_at=row["finished_at"],
         cancel_requested_at=row["cancel_requested_at"],
         expires_at=row["finished_at"] + retention_s if row["finished_at"] is not None and retention_s else None,
+        webhook=json.loads(row["webhook"]) if row["webhook"] else None,
+        webhook_attempts=json.loads(row["webhook_attempts"] or "[]"),
     )
 
 

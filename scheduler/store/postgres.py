@@ -43,6 +43,7 @@ class _Adapted:
 
 
 class PostgresStore(SQLStore):
+    WANTS_STARTED = "strpos(webhook, '\"started\"') > 0"
     TOKEN_SQL = "replace(gen_random_uuid()::text, '-', '')"  # 122 random bits
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
     LOCK_ROW = " FOR UPDATE"

@@ -40,6 +40,7 @@ from protocol import (
     Report,
     SubmitTask,
     TaskView,
+    WebhookAttempt,
     WorkerView,
 )
 from scheduler import leases
@@ -73,6 +74,11 @@ class Read:
 Plan = Generator[Write | WriteEach | Read, list, Any]
 
 HELD = "status IN ('leased', 'processing')"
+# Set in the same UPDATE as a final status (or the start), so a webhook event is never lost: due at
+# once (0); the dispatcher (scheduler/webhooks.py) claims it, delivers, and records the attempt.
+WEBHOOK_ENDED = "webhook_due = CASE WHEN webhook IS NULL THEN NULL ELSE 0 END"
+# {wants}: the dialect's "the webhook asks for the started event" (no %: psycopg reads it as a placeholder).
+WEBHOOK_STARTED = "webhook_due = CASE WHEN {wants} AND started_at IS NULL THEN 0 ELSE webhook_due END"
 HELD_ROW = "id, attempts, max_attempts, error, worker_id, cancel_requested_at"
 
 
@@ -84,6 +90,7 @@ class SQLStore:
     SKIP_LOCKED = ""  # appended to the claim's inner SELECT
     LOCK_ROW = ""  # appended to a SELECT of a row about to change
     GREATEST = "MAX"  # the two-argument maximum
+    WANTS_STARTED = "instr(webhook, '\"started\"') > 0"  # the webhook asks for the started event
     inline = False  # True: in-process and short, called on the app's event loop instead of a thread
 
     def __init__(self, *, lease_ttl_s: float = 60.0, max_attempts: int = 3, liveness_s: float = 90.0,
@@ -95,6 +102,7 @@ class SQLStore:
         self.retention_s = retention_s  # lost and replaced registrations are kept this long
         self.task_retention_s = task_retention_s  # ended tasks are kept this long (expires_at), then removed
         self._clock = clock
+        self._webhook_started = WEBHOOK_STARTED.format(wants=self.WANTS_STARTED)
         # Held tasks this process took back, by (reason code, "queued" or "failed"): for /metrics.
         self.reclaimed: Counter[tuple[str, str]] = Counter()
         self._reclaimed_lock = threading.Lock()
@@ -189,9 +197,10 @@ class SQLStore:
                 return self._view(row), False
         row = db.execute(
             "INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts,"
-            " created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
+            " created_at, updated_at, webhook) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?) RETURNING *",
             (uuid.uuid4().hex, req.idempotency_key, json.dumps(req.input, sort_keys=True), req.priority,
-             req.max_attempts or self.max_attempts, now, now)).fetchone()
+             req.max_attempts or self.max_attempts, now, now,
+             req.webhook.model_dump_json() if req.webhook else None)).fetchone()
         return self._view(row), True
 
     def get(self, task_id: str) -> TaskView:
@@ -347,7 +356,7 @@ class SQLStore:
     def _end_cancelled(db: Any, task_id: str, now: float, why: str) -> Any:
         return db.execute(
             "UPDATE tasks SET status = 'cancelled', error = ?, lease_token = NULL, lease_deadline = NULL,"
-            " cancel_requested_at = COALESCE(cancel_requested_at, ?), updated_at = ?, finished_at = ?"
+            f" cancel_requested_at = COALESCE(cancel_requested_at, ?), updated_at = ?, finished_at = ?, {WEBHOOK_ENDED}"
             " WHERE id = ? RETURNING *", (_cancel_error(why), now, now, now, task_id)).fetchone()
 
     async def areport(self, task_id: str, rep: Report) -> TaskView:
@@ -388,12 +397,12 @@ class SQLStore:
         fence = f"{held_by} AND cancel_requested_at IS NULL RETURNING *"
         if items[0][1].status == "processing":
             deadline = leases.deadline(now, self.lease_ttl_s)
-            sql = ("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
+            sql = (f"UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?, {self._webhook_started},"
                    f" started_at = COALESCE(started_at, ?) {fence}")
             args = [(deadline, now, now, task_id, rep.lease_token, rep.worker_id, now) for task_id, rep in items]
         else:
             sql = ("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
-                   f" lease_deadline = NULL, updated_at = ?, finished_at = ? {fence}")
+                   f" lease_deadline = NULL, updated_at = ?, finished_at = ?, {WEBHOOK_ENDED} {fence}")
             args = [(rep.result.model_dump_json(), now, now, task_id, rep.lease_token, rep.worker_id, now)
                     for task_id, rep in items]
         changed = {r["id"]: r for r in (yield WriteEach(sql, args))}
@@ -407,7 +416,7 @@ class SQLStore:
                 out.append(NotFound(f"no task {task_id}"))
             elif found[0]["cancel_requested_at"] is not None and (yield Write(  # cancelled: it ends here
                     "UPDATE tasks SET status = 'cancelled', error = ?, lease_token = NULL, lease_deadline = NULL,"
-                    f" updated_at = ?, finished_at = ? {held_by} RETURNING id",
+                    f" updated_at = ?, finished_at = ?, {WEBHOOK_ENDED} {held_by} RETURNING id",
                     (_cancel_error(_worker_said(rep)), now, now,
                      task_id, rep.lease_token, rep.worker_id, now))):
                 out.append(_cancelled(task_id, rep.status))
@@ -426,7 +435,7 @@ class SQLStore:
             raise _cancelled(task_id, rep.status)
         if rep.status == "processing":
             row = db.execute("UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?,"
-                             " started_at = COALESCE(started_at, ?) WHERE id = ? RETURNING *",
+                             f" {self._webhook_started}, started_at = COALESCE(started_at, ?) WHERE id = ? RETURNING *",
                              (leases.deadline(now, self.lease_ttl_s), now, now, task_id)).fetchone()
         elif rep.status == "released":
             # Leased but never started (the worker is going down): back in the queue, and the
@@ -436,7 +445,8 @@ class SQLStore:
                              (now, task_id)).fetchone()
         elif rep.status == "succeeded":
             row = db.execute("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
-                             " lease_deadline = NULL, updated_at = ?, finished_at = ? WHERE id = ? RETURNING *",
+                             f" lease_deadline = NULL, updated_at = ?, finished_at = ?, {WEBHOOK_ENDED}"
+                             " WHERE id = ? RETURNING *",
                              (rep.result.model_dump_json(), now, now, task_id)).fetchone()
         else:
             error = rep.error.model_copy(update={"worker_id": rep.worker_id})
@@ -460,6 +470,33 @@ class SQLStore:
                        " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.retention_s,))
             self._notify(db, moved)
         return moved
+
+    # ------------------------------------------------------------ webhooks
+
+    def claim_webhooks(self, limit: int, hold_s: float = 60.0) -> list[tuple[TaskView, float]]:
+        """Tasks with a webhook event due, each held for `hold_s` (another process passes over it;
+        if this one dies, it is due again after). Returns (task, claim mark) pairs."""
+        now = self._clock()
+        mark = now + hold_s
+        with self._tx() as db:
+            rows = db.execute(
+                "UPDATE tasks SET webhook_due = ? WHERE id IN (SELECT id FROM tasks WHERE webhook_due IS NOT NULL"
+                f" AND webhook_due <= ? ORDER BY webhook_due LIMIT ?{self.SKIP_LOCKED}) RETURNING *",
+                (mark, now, limit)).fetchall()
+        return [(self._view(r), mark) for r in rows]
+
+    def webhook_attempted(self, task_id: str, attempt: WebhookAttempt, mark: float, next_due: float | None) -> None:
+        """Records an attempt and when the next is due (None: delivered, or given up). An event that
+        became due meanwhile (the task ended while its start was delivered) stays due."""
+        with self._tx() as db:
+            row = db.execute(f"SELECT webhook_attempts, webhook_due FROM tasks WHERE id = ?{self.LOCK_ROW}",
+                             (task_id,)).fetchone()
+            if row is None:  # removed by retention meanwhile
+                return
+            attempts = [*json.loads(row["webhook_attempts"]), attempt.model_dump()][-50:]
+            due = next_due if row["webhook_due"] == mark else row["webhook_due"]
+            db.execute("UPDATE tasks SET webhook_attempts = ?, webhook_due = ? WHERE id = ?",
+                       (json.dumps(attempts), due, task_id))
 
     def purge(self, limit: int = 5000) -> list[str]:
         """Removes up to `limit` tasks whose retention has passed (`expires_at`); the result URIs they
@@ -526,8 +563,10 @@ class SQLStore:
         # A requeued task keeps its last error for diagnosis; it is replaced by the next outcome.
         return db.execute(
             "UPDATE tasks SET status = ?, error = COALESCE(?, error), lease_token = NULL,"
-            " lease_deadline = NULL, updated_at = ?, finished_at = ? WHERE id = ? RETURNING *",
-            (nxt, error.model_dump_json() if error else None, now, now if nxt == "failed" else None, task_id),
+            " lease_deadline = NULL, updated_at = ?, finished_at = ?,"
+            " webhook_due = CASE WHEN webhook IS NOT NULL AND ? = 'failed' THEN 0 ELSE webhook_due END"
+            " WHERE id = ? RETURNING *",
+            (nxt, error.model_dump_json() if error else None, now, now if nxt == "failed" else None, nxt, task_id),
         ).fetchone()
 
 

@@ -58,13 +58,15 @@ CREATE TABLE IF NOT EXISTS workers (
 
 # Columns added after the first release, with their definitions: added to older databases at open.
 MIGRATIONS = {
-    "tasks": {"cancel_requested_at": "REAL"},
+    "tasks": {"cancel_requested_at": "REAL", "webhook": "TEXT", "webhook_due": "REAL",
+              "webhook_attempts": "TEXT NOT NULL DEFAULT '[]'"},
     "workers": {"warnings": "TEXT NOT NULL DEFAULT '[]'", "counters": "TEXT NOT NULL DEFAULT '{}'",
                 "node_id": "TEXT"},
 }
 INDEXES = ["CREATE INDEX IF NOT EXISTS workers_node ON workers (node_id)",
            "CREATE INDEX IF NOT EXISTS tasks_worker ON tasks (worker_id, status)",
-           "CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at) WHERE finished_at IS NOT NULL"]
+           "CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at) WHERE finished_at IS NOT NULL",
+           "CREATE INDEX IF NOT EXISTS tasks_webhook_due ON tasks (webhook_due) WHERE webhook_due IS NOT NULL"]
 
 
 class SQLiteStore(SQLStore):
