@@ -83,6 +83,8 @@ class Client(_Common):
                  retry_deadline_s: float = 60.0, transport: httpx.BaseTransport | None = None) -> None:
         super().__init__(url, token, timeout_s, retry_deadline_s)
         self._http = httpx.Client(base_url=self.url, headers=self._headers, transport=transport)
+        # Signed URLs: no token sent to storage, redirects followed.
+        self._files = httpx.Client(timeout=timeout_s, follow_redirects=True, transport=transport)
 
     def __enter__(self) -> "Client":
         return self
@@ -92,6 +94,7 @@ class Client(_Common):
 
     def close(self) -> None:
         self._http.close()
+        self._files.close()
 
     def _call(self, request: httpx.Request) -> Any:
         def once():
@@ -146,8 +149,8 @@ class Client(_Common):
         sha256. TaskFailed if the task did not succeed."""
         path, result = _target(task, path)
         if result.url and result.url.startswith("https://"):
-            with httpx.stream("GET", result.url, timeout=self._timeout_s, follow_redirects=True) as resp:
-                raise_for(resp, result.url.split("?")[0])
+            with self._files.stream("GET", result.url) as resp:
+                _signed_url_ok(resp)
                 with open(path, "wb") as f:
                     for chunk in resp.iter_bytes():
                         f.write(chunk)
@@ -163,6 +166,7 @@ class AsyncClient(_Common):
                  retry_deadline_s: float = 60.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(url, token, timeout_s, retry_deadline_s)
         self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers, transport=transport)
+        self._files = httpx.AsyncClient(timeout=timeout_s, follow_redirects=True, transport=transport)
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -172,6 +176,7 @@ class AsyncClient(_Common):
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._files.aclose()
 
     async def _call(self, request: httpx.Request) -> Any:
         async def once():
@@ -222,12 +227,11 @@ class AsyncClient(_Common):
     async def download(self, task: TaskView, path: str | Path) -> Path:
         path, result = _target(task, path)
         if result.url and result.url.startswith("https://"):
-            async with httpx.AsyncClient(timeout=self._timeout_s, follow_redirects=True) as http:
-                async with http.stream("GET", result.url) as resp:
-                    raise_for(resp, result.url.split("?")[0])
-                    with open(path, "wb") as f:
-                        async for chunk in resp.aiter_bytes():
-                            f.write(chunk)
+            async with self._files.stream("GET", result.url) as resp:
+                _signed_url_ok(resp)
+                with open(path, "wb") as f:
+                    async for chunk in resp.aiter_bytes():
+                        f.write(chunk)
         else:
             await asyncio.to_thread(_copy_stored, result.uri, path)
         return _verified(path, result)
@@ -242,6 +246,12 @@ def _target(task: TaskView, path: str | Path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path, task.result
+
+
+def _signed_url_ok(resp: httpx.Response) -> None:
+    if resp.status_code >= 300:
+        raise ClientError(f"the result's signed URL answered {resp.status_code}: it may have expired (it lasts "
+                          "storage.gcs.signed_url_ttl_s from the upload); download the gs:// object with credentials")
 
 
 def _copy_stored(uri: str, path: Path) -> None:

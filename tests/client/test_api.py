@@ -112,3 +112,37 @@ def test_the_async_client_maps_and_retries_the_same_way():
         return seen
 
     assert len(asyncio.run(go())) == 3
+
+
+def test_download_from_a_signed_url_sends_no_token(tmp_path):
+    from protocol import TaskView
+
+    data = b"\x89PNG signed"
+    seen: list[httpx.Request] = []
+    url = "https://storage.googleapis.com/b/t1.png?X-Goog-Signature=abc"
+    task = TaskView(**{**TASK, "status": "succeeded", "result": {
+        "uri": "gs://b/t1.png", "url": url, "content_type": "image/png", "width": 1, "height": 1, "seed": 1,
+        "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}})
+    dit = client([httpx.Response(200, content=data)], seen)
+    assert dit.download(task, tmp_path / "x.png").read_bytes() == data
+    assert str(seen[0].url) == url and "Authorization" not in seen[0].headers
+    expired = client([httpx.Response(403, text="<Error>ExpiredToken</Error>")])
+    with pytest.raises(ClientError, match="signed URL answered 403: it may have expired"):
+        expired.download(task, tmp_path / "y.png")
+
+
+def test_download_from_gcs_with_the_official_client(tmp_path, monkeypatch):
+    from protocol import TaskView
+    from tests.harness import Emulator
+
+    emu = Emulator(tmp_path)
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", emu.url)
+        data = b"\x89PNG in a bucket"
+        emu.bucket("results").blob("r/t1.png").upload_from_string(data)
+        task = TaskView(**{**TASK, "status": "succeeded", "result": {
+            "uri": "gs://results/r/t1.png", "content_type": "image/png", "width": 1, "height": 1, "seed": 1,
+            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}})
+        assert client([]).download(task, tmp_path / "g.png").read_bytes() == data
+    finally:
+        emu.stop()
