@@ -143,7 +143,8 @@ def create_app(store: Store, settings: Settings = Settings()) -> FastAPI:
         sweeper = asyncio.create_task(_sweep_forever(app))
         dispatcher = None
         if s.webhook_allow:  # off the request path: a slow receiver delays only its own calls
-            dispatcher = asyncio.create_task(Dispatcher(store, s.webhook_secret, max_age_s=s.webhook_max_age_s).run())
+            dispatcher = asyncio.create_task(Dispatcher(store, s.webhook_secret, max_age_s=s.webhook_max_age_s,
+                                                        metrics=app.state.metrics).run())
         if listen := getattr(store, "listen", None):  # other scheduler processes' new work (PostgreSQL)
             loop = asyncio.get_running_loop()
             listen(lambda n: loop.call_soon_threadsafe(waiters.notify, n))

@@ -34,6 +34,8 @@ class SchedulerMetrics:
         self.leases = Counter("dit_scheduler_leases_granted", "Tasks leased to workers", registry=r)
         self.reports = Counter("dit_scheduler_reports", "Worker reports, by status and outcome",
                                ["status", "outcome"], registry=r)  # outcome: accepted, conflict, not_found
+        self.webhooks = Counter("dit_scheduler_webhooks", "Webhook calls, by event and outcome", ["event", "outcome"],
+                                registry=r)  # outcome: delivered, failed (retried later), gave_up
         self.requests = Histogram("dit_scheduler_request_seconds", "Request latency by route (lease: with its wait)",
                                   ["method", "route", "code"], buckets=LATENCY_BUCKETS, registry=r)
         r.register(QueueCollector(store))

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from protocol import FINAL_STATUSES, TaskView, WebhookAttempt
+from scheduler.metrics import SchedulerMetrics
 from scheduler.store import Store
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,10 @@ def sign(secret: bytes, timestamp: int, body: bytes) -> str:
 
 class Dispatcher:
     def __init__(self, store: Store, secret: bytes, *, timeout_s: float = 10.0, max_age_s: float = 3600.0,
-                 every_s: float = 0.5, batch: int = 32, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 every_s: float = 0.5, batch: int = 32, transport: httpx.AsyncBaseTransport | None = None,
+                 metrics: SchedulerMetrics | None = None) -> None:
         self._store = store
+        self._metrics = metrics
         self._secret = secret
         self._max_age_s = max_age_s
         self._every_s = every_s
@@ -96,8 +99,11 @@ class Dispatcher:
             error = f"{type(e).__name__}: {e}"[:500]
         delivered = code is not None and 200 <= code < 300
         attempt = WebhookAttempt(event=event, at=time.time(), status_code=code, error=error, delivered=delivered)
-        await self._store.acall(self._store.webhook_attempted, task.id, attempt, mark,
-                                self._next_due(task, event, attempt))
+        next_due = self._next_due(task, event, attempt)
+        await self._store.acall(self._store.webhook_attempted, task.id, attempt, mark, next_due)
+        if self._metrics is not None:
+            outcome = "delivered" if delivered else "failed" if next_due is not None else "gave_up"
+            self._metrics.webhooks.labels(event, outcome).inc()
 
     def _next_due(self, task: TaskView, event: str, attempt: WebhookAttempt) -> float | None:
         if attempt.delivered:

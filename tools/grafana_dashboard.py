@@ -56,6 +56,8 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[tuple[str, str]]]]]] = [
             ("sum by (reason) (rate(dit_scheduler_leases_reclaimed_total[5m]))", "reclaimed: {{reason}}")]),
         ("Reports by status", "timeseries", "ops", [
             ("sum by (status, outcome) (rate(dit_scheduler_reports_total[5m]))", "{{status}} {{outcome}}")]),
+        ("Webhook calls", "timeseries", "ops", [
+            ("sum by (event, outcome) (rate(dit_scheduler_webhooks_total[5m]))", "{{event}} {{outcome}}")]),
     ]),
 ]
 

@@ -90,6 +90,9 @@ def test_the_final_call_is_signed_and_retried_until_the_receiver_takes_it(schedu
     assert [(a["status_code"], a["delivered"]) for a in attempts] == [(500, False), (500, False), (200, True)]
     time.sleep(2.5)  # delivered: no further call (the next retry would have come after 4 s)
     assert len(receiver.calls) == 3
+    metrics = scheduler.get("/metrics").text
+    assert 'dit_scheduler_webhooks_total{event="ended",outcome="failed"} 2.0' in metrics
+    assert 'dit_scheduler_webhooks_total{event="ended",outcome="delivered"} 1.0' in metrics
 
 
 def test_a_forged_signature_or_a_replayed_timestamp_fails_the_check():
