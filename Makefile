@@ -23,6 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	@# promtool and a Prometheus server check the alert rules and scrape a running fleet in the tests.
 	@command -v promtool >/dev/null || \
 	  { command -v apt-get >/dev/null && (apt-get install -y -q --no-install-recommends prometheus || \
+	    (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus) || \
 	    sudo apt-get install -y -q --no-install-recommends prometheus); } || \
 	  echo "warning: Prometheus is not installed; the monitoring tests will fail"
 	$(PYTHON) -m venv $(VENV)
