@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
@@ -47,6 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from scheduler import status_page as status_page_view
 from scheduler.metrics import RequestTimer, SchedulerMetrics, prometheus_targets
+from scheduler.results import local_path
 from scheduler.store import Cancelled, Conflict, NotFound, Store
 from scheduler.limits import RateLimit, client_key, retry_after_s
 from scheduler.waiting import TaskWatch
@@ -307,10 +307,7 @@ def _remove_results(uris: list[str], settings: Settings) -> None:
     if not settings.remove_expired_results:
         return
     for uri in uris:
-        if not uri.startswith("file://"):
-            continue
-        path = Path(unquote(urlparse(uri).path)).resolve()
-        if any(path.is_relative_to(root) for root in settings.results_roots):
+        if (path := local_path(uri, settings.results_roots)) is not None:
             path.unlink(missing_ok=True)
 
 
@@ -480,11 +477,11 @@ def _worker_routes(app: FastAPI) -> None:
             task = await store.areport(task_id, body)
         except (NotFound, Conflict) as e:
             metrics.reports.labels(body.status, _report_outcome(e)).inc()
-            if isinstance(e, Cancelled):
+            if _ended(e):
                 app.state.watch.ended([task_id])
             raise HTTPException(404 if isinstance(e, NotFound) else 409, str(e)) from e
         metrics.reports.labels(body.status, "accepted").inc()
-        if task.status in FINAL_STATUSES:
+        if _ended(task):
             app.state.watch.ended([task_id])
         if task.status == "queued":  # a retryable failure or a release went back to the queue
             app.state.waiters.notify(1)

@@ -14,12 +14,12 @@ import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from PIL import Image
 
 from protocol import QueueFigures, TaskView, WorkerView
+from scheduler.results import local_path
 from scheduler.store import NotFound, Store
 
 HOUR_S = 3600
@@ -109,8 +109,7 @@ def thumbnail(store: Store, roots: tuple[Path, ...], task_id: str) -> bytes:
     task = store.get(task_id)
     if task.status != "succeeded" or task.result is None or not task.result.uri.startswith("file://"):
         raise NotFound(f"task {task_id} has no local result")
-    path = Path(unquote(urlparse(task.result.uri).path)).resolve()
-    if not any(path.is_relative_to(root) for root in roots):
+    if (path := local_path(task.result.uri, roots)) is None:
         raise NotFound(f"task {task_id}'s result is outside the results roots (--results-root)")
     try:
         with Image.open(path) as img:

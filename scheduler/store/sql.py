@@ -80,6 +80,11 @@ WEBHOOK_ENDED = "webhook_due = CASE WHEN webhook IS NULL THEN NULL ELSE 0 END"
 # {wants}: the dialect's "the webhook asks for the started event" (no %: psycopg reads it as a placeholder).
 WEBHOOK_STARTED = "webhook_due = CASE WHEN {wants} AND started_at IS NULL THEN 0 ELSE webhook_due END"
 HELD_ROW = "id, attempts, max_attempts, error, worker_id, cancel_requested_at"
+ENDED = "status IN ({})".format(", ".join(f"'{s}'" for s in FINAL_STATUSES))
+# A task ending `cancelled`; parameters: the error, then now three times.
+CANCEL_SET = ("status = 'cancelled', error = ?, lease_token = NULL, lease_deadline = NULL,"
+              " cancel_requested_at = COALESCE(cancel_requested_at, ?), updated_at = ?, finished_at = ?,"
+              f" {WEBHOOK_ENDED}")
 
 
 class SQLStore:
@@ -222,7 +227,7 @@ class SQLStore:
         """Those of `task_ids` that have reached a final state (one query)."""
         in_ids, ids = self._ids(task_ids)
         return [r["id"] for r in self._read().execute(
-            f"SELECT id FROM tasks WHERE {in_ids} AND status IN ('succeeded', 'failed', 'cancelled')", (ids,))]
+            f"SELECT id FROM tasks WHERE {in_ids} AND {ENDED}", (ids,))]
 
     def ended_since(self, window_s: float) -> int:
         """Tasks that reached a final state within the last `window_s` (the recent pace)."""
@@ -354,10 +359,8 @@ class SQLStore:
 
     @staticmethod
     def _end_cancelled(db: Any, task_id: str, now: float, why: str) -> Any:
-        return db.execute(
-            "UPDATE tasks SET status = 'cancelled', error = ?, lease_token = NULL, lease_deadline = NULL,"
-            f" cancel_requested_at = COALESCE(cancel_requested_at, ?), updated_at = ?, finished_at = ?, {WEBHOOK_ENDED}"
-            " WHERE id = ? RETURNING *", (_cancel_error(why), now, now, now, task_id)).fetchone()
+        return db.execute(f"UPDATE tasks SET {CANCEL_SET} WHERE id = ? RETURNING *",
+                          (_cancel_error(why), now, now, now, task_id)).fetchone()
 
     async def areport(self, task_id: str, rep: Report) -> TaskView:
         return _raised((await self.areport_many([(task_id, rep)]))[0])
@@ -415,10 +418,8 @@ class SQLStore:
             if not found:
                 out.append(NotFound(f"no task {task_id}"))
             elif found[0]["cancel_requested_at"] is not None and (yield Write(  # cancelled: it ends here
-                    "UPDATE tasks SET status = 'cancelled', error = ?, lease_token = NULL, lease_deadline = NULL,"
-                    f" updated_at = ?, finished_at = ?, {WEBHOOK_ENDED} {held_by} RETURNING id",
-                    (_cancel_error(_worker_said(rep)), now, now,
-                     task_id, rep.lease_token, rep.worker_id, now))):
+                    f"UPDATE tasks SET {CANCEL_SET} {held_by} RETURNING id",
+                    (_cancel_error(_worker_said(rep)), now, now, now, task_id, rep.lease_token, rep.worker_id, now))):
                 out.append(_cancelled(task_id, rep.status))
             else:
                 out.append(_not_held(task_id, found[0]["status"]))
