@@ -2,7 +2,8 @@
 
 Builds the tiny model if absent, starts the reference scheduler, submits a handful of prompts, runs a
 2-rank worker under torchrun, waits for every task, prints a table and stops what it started.
-Images are left in var/demo/images. One prompt is offensive on purpose: the text check must refuse
+Paths are relative to the current folder (a checkout, or any folder holding configs/tiny.toml when
+dit-worker is installed from a wheel). Images are left in var/demo/images. One prompt is offensive on purpose: the text check must refuse
 it before any inference. Exit code 0 only if every other task succeeded with a PNG of the requested
 size and that one failed as unsafe_prompt.
 """
@@ -18,7 +19,7 @@ from urllib.parse import urlparse
 
 from PIL import Image
 
-from launch.local import REPO, Client, free_port, start_scheduler, start_worker
+from launch.local import Client, free_port, start_scheduler, start_worker
 
 PROMPTS = [
     ("a lighthouse on a cliff at dawn", 256, 256),
@@ -35,32 +36,36 @@ EXPECT_REFUSED = {"you are a stupid idiot"}
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--out", type=Path, default=REPO / "var" / "demo")
+    p.add_argument("--out", type=Path, default=Path("var/demo"))
+    p.add_argument("--config", type=Path, default=Path("configs/tiny.toml"))
+    p.add_argument("--model", type=Path, default=Path("models/tiny-flux"), help="built here if absent")
     p.add_argument("--timeout", type=float, default=240.0)
     args = p.parse_args(argv)
-
-    model = REPO / "models" / "tiny-flux"
+    if not args.config.is_file():
+        p.error(f"--config: {args.config} not found (run from a checkout, or name the file)")
+    here = Path.cwd()
+    model, out = args.model.resolve(), args.out.resolve()
     if not (model / "model_index.json").exists():
         from tools.tiny_model import make_tiny_model
 
         print(f"building the tiny random-weight model in {model}")
         make_tiny_model(model)
-    shutil.rmtree(args.out, ignore_errors=True)
-    images = args.out / "images"
+    shutil.rmtree(out, ignore_errors=True)
+    images = out / "images"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    print(f"scheduler on {url} (status page: {url}/status while the demo runs); logs in {args.out}")
-    scheduler = start_scheduler(args.out / "scheduler.db", port, args.out / "scheduler.log",
-                                extra=["--results-root", str(images)])
+    print(f"scheduler on {url} (status page: {url}/status while the demo runs); logs in {out}")
+    scheduler = start_scheduler(out / "scheduler.db", port, out / "scheduler.log",
+                                extra=["--results-root", str(images)], cwd=here)
     worker = None
     try:
         client = Client(url)
         tasks = [client.submit({"prompt": text, "width": w, "height": h, "seed": i})
                  for i, (text, w, h) in enumerate(PROMPTS)]
         print(f"submitted {len(tasks)} tasks; starting a {args.nproc}-rank worker under torchrun")
-        worker = start_worker(REPO / "configs" / "tiny.toml", args.nproc, args.out / "worker.log",
+        worker = start_worker(args.config.resolve(), args.nproc, out / "worker.log",
                               overrides=[f"queue.url={url}", f"storage.local.root={images}",
-                                         f"model.source={model}", "ops.host=127.0.0.1", "ops.port=0"])
+                                         f"model.source={model}", "ops.host=127.0.0.1", "ops.port=0"], cwd=here)
         t0 = time.monotonic()
         done = client.wait([t["id"] for t in tasks], args.timeout, proc=worker)
         print(f"all tasks finished in {time.monotonic() - t0:.1f}s after the worker started")
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             if "safety checks:" in line or "safety.text.backend = auto" in line:
                 print(line)
         print()
-        ok = _print_table(done)
+        ok = _print_table(done, here)
     finally:
         if worker is not None:
             worker.stop()
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _print_table(done: dict[str, dict]) -> bool:
+def _print_table(done: dict[str, dict], here: Path) -> bool:
     ok = True
     # waited: submit to start of generation (includes the worker's start-up); ran: start to result.
     print(f"{'task':<10} {'status':<10} {'waited s':>8} {'ran s':>6}  {'size':<9} image")
@@ -92,7 +97,7 @@ def _print_table(done: dict[str, dict]) -> bool:
             with Image.open(path) as img:
                 size = f"{img.width}x{img.height}"
                 ok &= img.size == want and img.format == "PNG"
-            where = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+            where = str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
         else:
             where = f"{t['error']['code']}: {t['error']['message']}"
         refused = t["input"]["prompt"] in EXPECT_REFUSED

@@ -128,9 +128,11 @@ def messages(text: str) -> str:
 
 
 def start_scheduler(db: Path | str, port: int, log_path: Path, lease_ttl: float = 15.0,
-                    max_attempts: int = 3, extra: list[str] = (), env: dict[str, str] | None = None) -> Proc:
+                    max_attempts: int = 3, extra: list[str] = (), env: dict[str, str] | None = None,
+                    cwd: Path = REPO) -> Proc:
     proc = Proc([sys.executable, "-m", "scheduler", "--db", str(db), "--port", str(port),
-                 "--lease-ttl", str(lease_ttl), "--max-attempts", str(max_attempts), *extra], log_path, env=env)
+                 "--lease-ttl", str(lease_ttl), "--max-attempts", str(max_attempts), *extra], log_path, env=env,
+                cwd=cwd)
     wait_healthy(f"http://127.0.0.1:{port}", proc)
     return proc
 
@@ -140,14 +142,15 @@ def wait_healthy(url: str, proc: Proc, timeout: float = 30.0) -> None:
 
 
 def start_worker(config: Path, nproc: int, log_path: Path, overrides: list[str] = (),
-                 max_restarts: int = 0, env: dict[str, str] | None = None) -> Proc:
-    """`torchrun --standalone --nproc_per_node=N -m worker --config ...` as users run it."""
+                 max_restarts: int = 0, env: dict[str, str] | None = None, cwd: Path = REPO) -> Proc:
+    """`torchrun --standalone --nproc_per_node=N -m worker --config ...` as users run it. Relative
+    paths in the config resolve against `cwd`."""
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             f"--max-restarts={max_restarts}", "-m", "worker", "--config", str(config)]
     for item in overrides:
         args += ["--set", item]
     # One thread per rank: with 2 ranks on 2 cores, more threads each made generation 5-20x slower.
-    return Proc(args, log_path, env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})})
+    return Proc(args, log_path, env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}, cwd=cwd)
 
 
 def start_gcs_emulator(port: int, log_path: Path, root: Path | None = None) -> Proc:
