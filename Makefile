@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-scheduler scheduler node clean
+.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-scheduler wheelhouse scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -64,6 +64,14 @@ bench-scheduler: install
 bench-post: install
 	$(PY) -m tools.post_bench --out $(BENCH_OUT)/post.json
 
+# Every wheel the worker and its extras need beyond the node's torch, for an offline node (docs/deploy.md):
+#   make wheelhouse WHEELHOUSE_ARGS="--python-version 3.12 --torch 2.11.0 --have node-freeze.txt"
+# then on the node: pip install --no-index --find-links wheelhouse 'dit-worker[fp8,tools]'
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_ARGS ?=
+wheelhouse: install
+	$(PY) -m tools.wheelhouse --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
+
 scheduler: install
 	$(PY) -m scheduler
 
@@ -71,4 +79,4 @@ node: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" launch/node.sh
 
 clean:
-	rm -rf var outputs models .pytest_cache
+	rm -rf var outputs models wheelhouse .pytest_cache
