@@ -117,6 +117,9 @@ class SpeedConfig(Section):
     compile: bool = Field(False, description="torch.compile the transformer")
     compile_vae: bool = Field(False, description="torch.compile the VAE decoder")
     compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = "default"
+    # Inductor's caches on the node's disk, one folder per torch/device fingerprint, so a restart
+    # skips most of the compile. "": torch's default (a per-user temporary folder).
+    compile_cache_dir: str = ""
     fuse_qkv: bool = Field(False, description="fused QKV projections in the transformer")
     channels_last_vae: bool = False
     # diffusers attention backend name (e.g. native, flash, _native_cudnn, sage); "" keeps the default.

@@ -22,6 +22,7 @@ import torch
 
 from worker.config import ModelConfig, ParallelConfig, SpeedConfig
 from worker.model import parallel, speed
+from worker.model.compile_cache import CompileCache, compile_errors
 from worker.model.job import Job
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ class Batch:
 
 
 class Engine:
-    def __init__(self, pipe, cfg: ModelConfig, device: torch.device, prompt_cache_size: int = 0) -> None:
+    def __init__(self, pipe, cfg: ModelConfig, device: torch.device, prompt_cache_size: int = 0,
+                 compile_cache: CompileCache | None = None) -> None:
         self.pipe = pipe
         self.cfg = cfg
         self.device = device
@@ -51,6 +53,8 @@ class Engine:
         self._cache: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._cache_size = prompt_cache_size
         self.cache_hits = 0
+        self.compile_cache = compile_cache
+        self._compiled_cold = False  # the compile cache was set aside once already
 
     @classmethod
     def load(cls, cfg: ModelConfig, device: torch.device, speed_cfg: SpeedConfig = SpeedConfig(),
@@ -62,6 +66,9 @@ class Engine:
         dlog.disable_progress_bar()
         tlog.disable_progress_bar()
         t0 = time.perf_counter()
+        compile_cache = None
+        if speed_cfg.compile_cache_dir and (speed_cfg.compile or speed_cfg.compile_vae):
+            compile_cache = CompileCache.open(speed_cfg.compile_cache_dir, device)  # before anything compiles
         pipe = load_pipeline(cfg, device)
         speed.place(pipe, speed_cfg, device)
         applied = speed.before_parallel(pipe, speed_cfg)
@@ -72,7 +79,7 @@ class Engine:
         pipe.set_progress_bar_config(disable=True)
         log.info("loaded %s from %s on %s in %.1fs; speed-ups: %s", cfg.name, _origin(cfg), device,
                  time.perf_counter() - t0, ", ".join(applied) or "none")
-        return cls(pipe, cfg, device, speed_cfg.prompt_cache_size)
+        return cls(pipe, cfg, device, speed_cfg.prompt_cache_size, compile_cache)
 
     def generate(self, job: Job) -> Picture:
         """Same (prompt, seed, size, steps) -> same pixels."""
@@ -98,20 +105,33 @@ class Engine:
                 marks["denoised"] = time.perf_counter()
             return {}
 
-        images = self.pipe(
+        images = self._compiling(lambda: self.pipe(
             prompt_embeds=torch.cat(embeds), pooled_prompt_embeds=torch.cat(pooled),
             width=first.width, height=first.height, num_inference_steps=first.steps,
             guidance_scale=self.cfg.guidance_scale, max_sequence_length=self.cfg.max_sequence_length,
             # A CPU generator per job draws the same noise on every device, rank count and batch.
             generator=[torch.Generator("cpu").manual_seed(j.seed) for j in jobs],
             output_type="pt", callback_on_step_end=on_step_end,
-        ).images
+        ).images)
         pictures = to_pictures(images)
         t2 = time.perf_counter()
         self.generations += len(jobs)
         denoised = marks.get("denoised", t2)
         return Batch(pictures, {"embed": (t1 - t0) * 1e3, "denoise": (denoised - t1) * 1e3,
                                 "vae": (t2 - denoised) * 1e3})
+
+    def _compiling(self, run):
+        """`run()`; if a compile fails while the compile cache is in use, the cache may be damaged
+        (a cold compile is not): it is set aside and `run` tried again, compiling cold. Once per
+        process, so a compile that fails for another reason still fails."""
+        try:
+            return run()
+        except compile_errors() as e:
+            if self.compile_cache is None or self._compiled_cold:
+                raise
+            self._compiled_cold = True
+            self.compile_cache.set_aside(e)
+            return run()
 
     def _embed(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
         """T5 + CLIP embeddings of one prompt; repeated prompts come from the LRU cache."""

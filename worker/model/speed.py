@@ -2,6 +2,8 @@
 
     fused QKV -> channels_last VAE -> attention backend -> fp8 -> (context parallel) -> compile
 
+(The compile cache, `speed.compile_cache_dir`, is opened by the engine before any of this compiles.)
+
 Fusing comes before fp8 so the fused projection is what gets quantized; the attention backend comes
 before context parallelism, which checks that the backend supports it; compile comes last so it
 traces the final modules. `check` refuses, at start and naming the field, what this device cannot do.

@@ -116,3 +116,5 @@ def warm_up(engine: Engine, sizes: tuple[tuple[int, int], ...], batch_sizes: ran
             if outs and outs[0].errors:
                 raise RuntimeError(f"warm-up at {width}x{height}, batch {n} failed: {'; '.join(outs[0].errors)}")
             log.info("warm-up %dx%d batch %d: %.2fs", width, height, n, time.perf_counter() - t0)
+    if engine.compile_cache is not None:
+        log.info("compile cache: %(hits)d graph(s) loaded, %(misses)d compiled", engine.compile_cache.stats())
