@@ -117,6 +117,10 @@ class SpeedConfig(Section):
     compile: bool = Field(False, description="torch.compile the transformer")
     compile_vae: bool = Field(False, description="torch.compile the VAE decoder")
     compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = "default"
+    # model: the whole transformer, one graph. blocks: each repeated block (diffusers
+    # compile_repeated_blocks): the 57 blocks share the compile of their two kinds, so far less
+    # compile time; the embedders and the final layers run eager.
+    compile_scope: Literal["model", "blocks"] = "model"
     # Inductor's caches on the node's disk, one folder per torch/device fingerprint, so a restart
     # skips most of the compile. "": torch's default (a per-user temporary folder).
     compile_cache_dir: str = ""

@@ -41,6 +41,8 @@ def check(cfg: SpeedConfig, parallel: ParallelConfig, device: torch.device, worl
         raise SpeedConfigError("speed.offload: needs a CUDA device")
     if cfg.compile_mode != "default" and not (cfg.compile or cfg.compile_vae):
         raise SpeedConfigError("speed.compile_mode: set speed.compile or speed.compile_vae as well")
+    if cfg.compile_scope != "model" and not cfg.compile:
+        raise SpeedConfigError("speed.compile_scope: set speed.compile as well")
     if cfg.attention_backend:
         _check_backend(cfg.attention_backend)
     if parallel.mode == "context":
@@ -103,8 +105,12 @@ def after_parallel(pipe, cfg: SpeedConfig, fullgraph: bool = True) -> list[str]:
         # fullgraph: a graph break would silently cost most of the gain (context parallelism's
         # hooks need breaks); dynamic=False: the warm-up compiles each (size, batch) the worker
         # serves, so no request pays for a recompile.
-        pipe.transformer.compile(fullgraph=fullgraph, dynamic=False, mode=cfg.compile_mode)
-        done.append(f"compiled transformer ({cfg.compile_mode})")
+        options = dict(fullgraph=fullgraph, dynamic=False, mode=cfg.compile_mode)
+        if cfg.compile_scope == "blocks":
+            pipe.transformer.compile_repeated_blocks(**options)
+        else:
+            pipe.transformer.compile(**options)
+        done.append(f"compiled transformer ({cfg.compile_scope}, {cfg.compile_mode})")
     if cfg.compile_vae:
         pipe.vae.decoder.compile(dynamic=False, mode=cfg.compile_mode)
         done.append("compiled VAE decoder")

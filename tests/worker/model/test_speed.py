@@ -60,3 +60,11 @@ def test_compiled_transformer_and_vae_decoder(tiny_model, plain):
     torch._dynamo.utils.counters.clear()
     assert_close(engine.generate_batch(JOBS).pictures, plain)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # both really were traced
+
+
+def test_regional_compile_wraps_each_repeated_block_and_not_the_whole(tiny_model):
+    engine = Engine.load(model(tiny_model), torch.device("cpu"), SpeedConfig(compile=True, compile_scope="blocks"))
+    transformer = engine.pipe.transformer
+    blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
+    assert all(b._compiled_call_impl is not None for b in blocks)  # compiled when first called
+    assert transformer._compiled_call_impl is None and transformer.x_embedder._compiled_call_impl is None

@@ -17,6 +17,8 @@ CPU = torch.device("cpu")
     (SpeedConfig(offload="model"), ParallelConfig(), 1, "speed.offload: needs a CUDA device"),
     (SpeedConfig(attention_backend="warp-drive"), ParallelConfig(), 1, "speed.attention_backend: unknown backend"),
     (SpeedConfig(compile_mode="max-autotune"), ParallelConfig(), 1, "speed.compile_mode: set speed.compile"),
+    (SpeedConfig(compile_scope="blocks", compile_vae=True), ParallelConfig(), 1,
+     "speed.compile_scope: set speed.compile as well"),
     (SpeedConfig(), ParallelConfig(mode="context"), 1, "parallel.mode: 'context' needs at least 2 ranks"),
     (SpeedConfig(), ParallelConfig(mode="context", context_kind="ring"), 2,
      "parallel.context_kind: ring needs an attention backend that returns LSE"),
@@ -39,6 +41,7 @@ def test_a_backend_whose_kernels_are_missing_is_refused():
     ("[batch]\nmax_size = 0\n", "batch.max_size: Input should be greater than or equal to 1"),
     ("[parallel]\nmode = 'pipeline'\n", "parallel.mode: Input should be 'data' or 'context'"),
     ("[speed]\nturbo = true\n", "speed.turbo: unknown key"),
+    ("[speed]\ncompile_scope = 'layers'\n", "speed.compile_scope: Input should be 'model' or 'blocks'"),
 ])
 def test_config_refuses_combinations_that_cannot_work(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
