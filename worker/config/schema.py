@@ -128,7 +128,8 @@ class SpeedConfig(Section):
     channels_last_vae: bool = False
     # diffusers attention backend name (e.g. native, flash, _native_cudnn, sage); "" keeps the default.
     attention_backend: str = ""
-    fp8: bool = Field(False, description="torchao fp8 dynamic activation+weight, per-row scales")
+    fp8: bool = Field(False, description="torchao fp8 dynamic activation+weight on the layers that gain")
+    fp8_scales: Literal["row", "tensor"] = Field("row", description="one scale per row, or per tensor")
     prompt_cache_size: int = Field(0, ge=0, le=100_000, description="prompt embeddings kept; 0: off")
     # For cards too small to hold every component: model keeps one component at a time on the
     # device; sequential streams layers (much slower, least memory).

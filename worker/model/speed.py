@@ -91,12 +91,50 @@ def before_parallel(pipe, cfg: SpeedConfig) -> list[str]:
         pipe.transformer.set_attention_backend(cfg.attention_backend)
         done.append(f"attention {cfg.attention_backend}")
     if cfg.fp8:
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
-
-        # Per-row scales: the accuracy the anchors' ~1.3x over compiled bf16 was measured with.
-        quantize_(pipe.transformer, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
-        done.append("fp8 per-row")
+        done.append(quantize_fp8(pipe.transformer, cfg.fp8_scales))
     return done
+
+
+# Under this many features on either side a linear layer gains less from fp8 than quantizing its
+# input costs (torchao's own FLUX benchmark skips them too).
+FP8_MIN_FEATURES = 1024
+# What fuse_qkv_projections replaces (diffusers keeps the modules, unused).
+UNFUSED = {"to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"}
+
+
+def fp8_targets(transformer, min_features: int = FP8_MIN_FEATURES) -> list[str]:
+    """The linear layers of a FLUX transformer that fp8 can speed up. Left out: the adaLN modulation
+    layers (norm1.linear, norm1_context.linear, norm.linear, norm_out.linear), which see one row
+    per image, so the matmul is tiny and the quantization of its input is pure cost; the embedders
+    (x_embedder, context_embedder, time_text_embed), small and first in the chain; the final
+    proj_out; the separate Q, K, V projections an attention with fused projections no longer calls;
+    and anything with a side under `min_features`."""
+    modules = dict(transformer.named_modules())
+    out = []
+    for name, module in modules.items():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        parent_name, _, leaf = name.rpartition(".")
+        parent = modules.get(parent_name)
+        if type(parent).__name__.startswith("AdaLayerNorm") or "embed" in name or name == "proj_out":
+            continue
+        if getattr(parent, "fused_projections", False) and leaf in UNFUSED:
+            continue
+        if min(module.in_features, module.out_features) >= min_features:
+            out.append(name)
+    return out
+
+
+def quantize_fp8(transformer, scales: str) -> str:
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
+
+    targets = set(fp8_targets(transformer))
+    # set_inductor_config=False: torchao's default turns on coordinate-descent tuning for the whole
+    # process (the VAE's compile too), the likely cause of a 333 s first compile on an H100.
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if scales == "row" else PerTensor(),
+                                                       set_inductor_config=False)
+    quantize_(transformer, config, filter_fn=lambda _module, fqn: fqn in targets)
+    return f"fp8 per-{scales} on {len(targets)} linear layers"
 
 
 def after_parallel(pipe, cfg: SpeedConfig, fullgraph: bool = True) -> list[str]:

@@ -41,6 +41,7 @@ def test_a_backend_whose_kernels_are_missing_is_refused():
     ("[batch]\nmax_size = 0\n", "batch.max_size: Input should be greater than or equal to 1"),
     ("[parallel]\nmode = 'pipeline'\n", "parallel.mode: Input should be 'data' or 'context'"),
     ("[speed]\nturbo = true\n", "speed.turbo: unknown key"),
+    ("[speed]\nfp8_scales = 'block'\n", "speed.fp8_scales: Input should be 'row' or 'tensor'"),
     ("[speed]\ncompile_scope = 'layers'\n", "speed.compile_scope: Input should be 'model' or 'blocks'"),
 ])
 def test_config_refuses_combinations_that_cannot_work(tmp_path, text, message):
