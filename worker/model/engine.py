@@ -15,6 +15,7 @@ import logging
 import resource
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,8 +87,9 @@ class Engine:
         return self.generate_batch([job]).pictures[0]
 
     @torch.inference_mode()
-    def generate_batch(self, jobs: list[Job]) -> Batch:
-        """Jobs of one size and step count, each with its own seed, in one pass."""
+    def generate_batch(self, jobs: list[Job], on_step: Callable[[int], None] | None = None) -> Batch:
+        """Jobs of one size and step count, each with its own seed, in one pass. `on_step(i)` runs
+        after denoising step i (a profiler's schedule steps with it)."""
         first = jobs[0]
         if any((j.width, j.height, j.steps) != (first.width, first.height, first.steps) for j in jobs):
             raise ValueError("a batch mixes sizes or step counts")
@@ -103,6 +105,8 @@ class Engine:
             if i == first.steps - 1:  # after the last scheduler step: denoising is done
                 self._sync()
                 marks["denoised"] = time.perf_counter()
+            if on_step is not None:
+                on_step(i)
             return {}
 
         images = self._compiling(lambda: self.pipe(
