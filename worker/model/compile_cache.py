@@ -139,11 +139,11 @@ class CompileCache:
         clear_caches()  # Inductor's in-memory copies of what it read from the folder
 
     def prune(self) -> None:
-        """Keeps the KEEP most recently used fingerprints and the newest folder set aside."""
-        used = sorted((p for p in self.root.iterdir() if p.is_dir() and ASIDE not in p.name),
-                      key=lambda p: _last_used(p), reverse=True)
-        aside = sorted((p for p in self.root.iterdir() if p.is_dir() and ASIDE in p.name),
-                       key=lambda p: p.stat().st_mtime, reverse=True)
+        """Keeps the KEEP most recently used fingerprints and the newest folder set aside. Only
+        folders this made (they hold its META) are touched: the root may be shared."""
+        ours = [p.parent for p in self.root.glob(f"*/{META}")]
+        used = sorted((p for p in ours if ASIDE not in p.name), key=_last_used, reverse=True)
+        aside = sorted((p for p in ours if ASIDE in p.name), key=lambda p: p.stat().st_mtime, reverse=True)
         for old in used[KEEP:] + aside[1:]:
             if old != self.folder:
                 shutil.rmtree(old, ignore_errors=True)

@@ -61,10 +61,13 @@ def test_only_the_most_recently_used_fingerprints_are_kept(tmp_path):
     for n in range(KEEP + 1):
         old = CompileCache.open(tmp_path, CPU, fp={**H100, "torch": f"2.{n}.0"})
         os.utime(old.folder / META, (1000 + n, 1000 + n))  # used long ago, oldest first
-    (tmp_path / f"{folder_name(H100)}.set-aside-1-1").mkdir()
-    (tmp_path / f"{folder_name(H100)}.set-aside-2-1").mkdir()
+    for n in (1, 2):  # folders set aside after failed compiles
+        (tmp_path / f"{folder_name(H100)}.set-aside-{n}-1").mkdir()
+        (tmp_path / f"{folder_name(H100)}.set-aside-{n}-1" / META).write_text("{}")
+    (tmp_path / "someone-elses").mkdir()  # the root may be shared: not ours, never touched
     current = CompileCache.open(tmp_path, CPU)
-    kept = sorted(p.name for p in tmp_path.iterdir())
+    kept = sorted(p.name for p in tmp_path.iterdir() if p.name != "someone-elses")
+    assert (tmp_path / "someone-elses").is_dir()
     assert current.folder.name in kept and len([k for k in kept if ".set-aside-" not in k]) == KEEP
     assert folder_name({**H100, "torch": "2.0.0"}) not in kept  # the least recently used went
     assert [k for k in kept if ".set-aside-" in k] == [f"{folder_name(H100)}.set-aside-2-1"]
