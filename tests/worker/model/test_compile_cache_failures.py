@@ -4,7 +4,6 @@ another reason still fails."""
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 
