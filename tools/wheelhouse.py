@@ -32,6 +32,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from urllib.parse import unquote
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -231,8 +232,6 @@ def download(items: list[dict], target: Target, out: Path, tmp: Path) -> None:
 
 
 def _filename(item: dict) -> str:
-    from urllib.parse import unquote
-
     return unquote(item["download_info"]["url"].rsplit("/", 1)[-1].split("#", 1)[0])
 
 
