@@ -68,6 +68,29 @@ class ProfanityConfig(Section):
     threshold: float = Field(0.9, ge=0.0, le=1.0)
 
 
+class PolicyCategoryConfig(Section):
+    enabled: bool = True
+    # The score at which the category refuses: a strong term adds 1.0, a weak one 0.5.
+    threshold: float = Field(1.0, gt=0.0, le=10.0)
+
+
+class PolicyConfig(Section):
+    """The prompt policy (safety/policy/lists): runs first on every backend, and cannot be switched
+    off as a whole; sexual content involving a minor is refused whatever is configured here."""
+
+    languages: tuple[str, ...] = ("en", "fr", "es", "de")
+    # Per category (sexual, violence, hate, self_harm): on or off, and its threshold.
+    categories: dict[str, PolicyCategoryConfig] = {}
+    # TOML files of your own in the lists' format: more terms, exempt phrases, another language.
+    extra_lists: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _some_language(self) -> "PolicyConfig":
+        if not self.languages:
+            raise ValueError("languages: name at least one (shipped: en, fr, es, de)")
+        return self
+
+
 class TextCheckConfig(Section):
     # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise alt-profanity-check
     # (its model ships in its wheel), with the choice logged at start.
@@ -76,6 +99,7 @@ class TextCheckConfig(Section):
     detoxify: DetoxifyConfig = DetoxifyConfig()
     profanity: ProfanityConfig = ProfanityConfig()
     custom: CustomConfig | None = None
+    policy: PolicyConfig = PolicyConfig()
 
 
 class NudeNetConfig(Section):
@@ -136,7 +160,10 @@ class SafetyConfig(Section):
         """The checks switched off by config, as warnings for the log and the heartbeat."""
         out = []
         if self.text.backend == "off":
-            out.append('safety.text.backend = "off": prompts are not checked')
+            out.append('safety.text.backend = "off": prompts are checked by the policy lists alone')
+        off = [name for name, c in self.text.policy.categories.items() if not c.enabled]
+        if off:
+            out.append(f"safety.text.policy: categories switched off: {', '.join(sorted(off))}")
         if self.image.backend == "off":
             out.append('safety.image.backend = "off": images are not checked')
         if not self.quality.enabled:

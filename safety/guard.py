@@ -19,6 +19,7 @@ import numpy as np
 from safety import quality
 from safety.config import SafetyConfig
 from safety.image import build_image_check
+from safety.policy.engine import PromptPolicy
 from safety.text import build_text_check
 from safety.verdicts import CheckFailed, SafetyLoadError, Verdict
 
@@ -28,8 +29,9 @@ SELF_TEST_PROMPT = "a lighthouse on a cliff at dawn"
 
 
 class Guard:
-    def __init__(self, cfg: SafetyConfig, text_check, image_check) -> None:
+    def __init__(self, cfg: SafetyConfig, text_check, image_check, policy: PromptPolicy | None = None) -> None:
         self.cfg = cfg
+        self.policy = policy  # the lists, before the text check; None only in tests of the others
         self.text_check = text_check  # None: switched off by config
         self.image_check = image_check
         self.warnings = cfg.disabled()
@@ -41,7 +43,7 @@ class Guard:
     @classmethod
     def load(cls, cfg: SafetyConfig) -> "Guard":
         t0 = time.perf_counter()
-        guard = cls(cfg, build_text_check(cfg.text), build_image_check(cfg.image))
+        guard = cls(cfg, build_text_check(cfg.text), build_image_check(cfg.image), PromptPolicy.load(cfg.text.policy))
         guard.self_test()
         for warning in guard.warnings:
             log.warning("SAFETY CHECK OFF: %s", warning)
@@ -52,6 +54,7 @@ class Guard:
     def describe(self) -> str:
         q = self.cfg.quality
         return ", ".join([
+            f"prompt {self.policy.describe() if self.policy else 'policy OFF'}",
             f"text={self.text_check.name if self.text_check else 'OFF'}",
             f"image={self.image_check.name if self.image_check else 'OFF'}",
             f"quality={'min_std ' + str(q.min_std) if q.enabled else 'OFF'}",
@@ -69,11 +72,29 @@ class Guard:
 
     # ------------------------------------------------------------ per task
 
+    @property
+    def policy_version(self) -> str | None:
+        return self.policy.version if self.policy else None
+
     def screen_prompt(self, prompt: str) -> Verdict | None:
-        """None when the text check is off. Raises CheckFailed."""
-        if self.text_check is None:
+        """The policy lists, then the text check: the first refusal, or the text check's pass
+        (None when both are off). Every verdict names the policy's version. Raises CheckFailed."""
+        verdict = self._screen_policy(prompt)
+        if (verdict is not None and verdict.refused) or self.text_check is None:
+            return verdict
+        checked = self._bounded("text", self.text_check.check, [prompt])[0]
+        return checked.with_policy(self.policy.version) if self.policy else checked
+
+    def _screen_policy(self, prompt: str) -> Verdict | None:
+        """Inline: dictionary lookups, well under a millisecond. An error fails closed."""
+        if self.policy is None:
             return None
-        return self._bounded("text", self.text_check.check, [prompt])[0]
+        try:
+            verdict = self.policy.judge(prompt)
+        except Exception as e:
+            self._record(ok=False)
+            raise CheckFailed(f"prompt policy raised {type(e).__name__}: {e}") from e
+        return verdict
 
     def screen_image(self, pixels: np.ndarray) -> Verdict | None:
         """None when the image check is off. Raises CheckFailed."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class SafetyLoadError(RuntimeError):
@@ -23,6 +23,11 @@ class Verdict:
     scores: dict[str, float] = field(default_factory=dict)
     category: str | None = None
     score: float | None = None
+    policy: str | None = None  # the prompt policy's version, on every prompt verdict
+    label: str | None = None  # the category in words, where the check has one
+
+    def with_policy(self, version: str) -> "Verdict":
+        return replace(self, policy=version)
 
     @classmethod
     def judge(cls, backend: str, scores: dict[str, float], thresholds: dict[str, float]) -> "Verdict":
@@ -33,8 +38,14 @@ class Verdict:
         return cls(True, backend, scores, worst, over[worst])
 
     def describe(self) -> str:
-        return f"{self.category} scored {self.score:.3f} ({self.backend})"
+        """Names the category, never the words that matched."""
+        what = f"{self.label} ({self.category})" if self.label else f"{self.category} scored {self.score:.3f}"
+        policy = f", policy {self.policy}" if self.policy else ""
+        return f"{what} ({self.backend}{policy})"
 
     def details(self) -> dict:
-        return {"backend": self.backend, "category": self.category, "score": self.score,
-                "scores": {k: round(v, 4) for k, v in self.scores.items()}}
+        out = {"backend": self.backend, "category": self.category, "score": self.score,
+               "scores": {k: round(v, 4) for k, v in self.scores.items()}}
+        if self.policy:
+            out["policy"] = self.policy
+        return out

@@ -22,7 +22,7 @@ def test_a_section_left_out_keeps_its_check_on(tmp_path):
 
 def test_explicit_keys_switch_checks_off():
     cfg = SafetyConfig.model_validate({"text": {"backend": "off"}, "quality": {"enabled": False}})
-    assert cfg.disabled() == ['safety.text.backend = "off": prompts are not checked',
+    assert cfg.disabled() == ['safety.text.backend = "off": prompts are checked by the policy lists alone',
                               "safety.quality.enabled = false: corrupt outputs are not caught"]
 
 

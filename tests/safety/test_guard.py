@@ -20,9 +20,10 @@ def config(**sections) -> SafetyConfig:
 def test_load_runs_both_checks_and_describes_them(caplog):
     with caplog.at_level("INFO"):
         guard = Guard.load(config())
-    assert guard.describe() == "text=alt-profanity-check, image=test, quality=min_std 2.0"
+    assert guard.describe().startswith(f"prompt policy {guard.policy_version} (en/fr/es/de: sexual_minors,")
+    assert guard.describe().endswith("text=alt-profanity-check, image=test, quality=min_std 2.0")
     assert guard.text_check is not None and guard.image_check.calls == 1  # the self-test
-    assert "safety checks: text=alt-profanity-check" in caplog.text and guard.warnings == []
+    assert "safety checks: prompt policy" in caplog.text and guard.warnings == []
 
 
 def test_verdicts_come_through():
@@ -36,10 +37,12 @@ def test_switched_off_checks_return_none_and_warn(caplog):
     cfg = config(text={"backend": "off"}, image={"backend": "off"}, quality={"enabled": False})
     with caplog.at_level("WARNING"):
         guard = Guard.load(cfg)
-    assert guard.screen_prompt("anything") is None and guard.screen_image(NOISE) is None
+    # The policy lists still run: the classifier is what `backend = "off"` switches off.
+    assert guard.screen_prompt("a naked woman").refused and not guard.screen_prompt("anything").refused
+    assert guard.screen_image(NOISE) is None
     assert guard.inspect(SOLID, 0).ok
     assert len(guard.warnings) == 3 and caplog.text.count("SAFETY CHECK OFF") == 3
-    assert guard.describe() == "text=OFF, image=OFF, quality=OFF"
+    assert guard.describe().endswith("text=OFF, image=OFF, quality=OFF")
 
 
 def test_corrupt_outputs_in_a_row_make_the_worker_unhealthy():

@@ -1,0 +1,194 @@
+"""The prompt policy: normalise, find the lists' terms, score each category, refuse at a threshold.
+
+Matching is greedy longest-first over the prompt's words, so a longer entry wins over the words it
+contains: "chicken breast" (exempt) hides "breast", "bloody corpse" counts once, not three times.
+Each distinct entry found counts once. Everything is dictionary lookups on a few dozen words: tens
+of microseconds a prompt, so it runs inline on the intake thread.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+from safety.config import PolicyConfig
+from safety.policy import lists
+from safety.policy.lists import Entry, Lexicon
+from safety.policy.normalize import Words, split, squeeze, to_ascii
+from safety.verdicts import SafetyLoadError, Verdict
+
+MINOR_AGE = 18
+_PLAIN_WORDS = re.compile(r"[a-z0-9]+")
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one prompt contained, by category and kind of entry; never the words themselves."""
+
+    kinds: dict[str, dict[str, int]]
+
+
+class _Index:
+    """Entries by their word tuples, with the stems, plural and squeezed forms the lookup tries."""
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self.exact: dict[tuple[str, ...], list[Entry]] = defaultdict(list)
+        self.stems: dict[tuple[tuple[str, ...], str], list[Entry]] = defaultdict(list)
+        self.stem_lengths: set[int] = set()
+        self.prefixes: set[tuple[str, ...]] = set()  # word tuples some longer entry starts with
+        self.squeezed: dict[str, list[Entry]] = defaultdict(list)
+        self.by_length: dict[int, list[tuple[str, list[Entry]]]] = defaultdict(list)
+        for e in entries:
+            if e.stem:
+                self.stems[(e.words[:-1], e.words[-1])].append(e)
+                self.stem_lengths.add(len(e.words[-1]))
+            else:
+                self.exact[e.words].append(e)
+            for n in range(1, len(e.words)):
+                self.prefixes.add(e.words[:n])
+            if (sq := lists.squeezed(e)) is not None:
+                self.squeezed[sq].append(e)
+        for key, found in self.exact.items():
+            if len(key) == 1:
+                self.by_length[len(key[0])].append((key[0], found))
+        self.longest = max((len(e.words) for e in entries), default=1)
+
+    def lookup(self, key: tuple[str, ...], elongated: bool = False) -> list[Entry]:
+        last = key[-1]
+        hits = self.exact.get(key) or (self.exact.get(key[:-1] + (last[:-1],)) if last.endswith("s") else None)
+        if hits:
+            return hits
+        head = key[:-1]
+        for k in self.stem_lengths:
+            if len(last) >= k and (hits := self.stems.get((head, last[:k]))):
+                return hits
+        if len(key) == 1:
+            if elongated and (hits := self.squeezed.get(squeeze(last))):
+                return hits
+            if "*" in last:
+                return self._wildcard(last)
+        return []
+
+    def _wildcard(self, word: str) -> list[Entry]:
+        """p*rn, f**k: a star hides one letter; the first entry of that shape is taken."""
+        pattern = re.compile(re.escape(word).replace(r"\*", "[a-z]"))
+        for term, found in self.by_length.get(len(word), ()):
+            if pattern.fullmatch(term):
+                return found
+        for (head, stem), found in self.stems.items():
+            if not head and len(word) >= len(stem) and pattern.match(stem + "." * (len(word) - len(stem))):
+                return found
+        return []
+
+
+class PromptPolicy:
+    name = "policy"
+
+    def __init__(self, lexicon: Lexicon, cfg: PolicyConfig) -> None:
+        self.lexicon = lexicon
+        self.version = lexicon.version
+        # Exempt phrases are found first and hide their words from the terms: "white power bank".
+        self._exempt = _Index([e for e in lexicon.entries if e.category == "exempt"])
+        self._index = _Index([e for e in lexicon.entries if e.category != "exempt"])
+        self._thresholds = _thresholds(lexicon, cfg)
+
+    @classmethod
+    def load(cls, cfg: PolicyConfig) -> "PromptPolicy":
+        return cls(lists.load(cfg.languages, cfg.extra_lists), cfg)
+
+    def describe(self) -> str:
+        on = [c for c in self.lexicon.categories if c in self._thresholds]
+        return f"policy {self.version} ({'/'.join(self.lexicon.languages)}: {', '.join(on)})"
+
+    def check(self, prompts: list[str]) -> list[Verdict]:
+        return [self.judge(p) for p in prompts]
+
+    def judge(self, prompt: str) -> Verdict:
+        scores = self.scores(self.find(prompt))
+        over = {c: s for c, s in scores.items() if c in self._thresholds and s >= self._thresholds[c]}
+        if not over:
+            return Verdict(False, self.name, scores, policy=self.version)
+        worst = next(c for c in self.lexicon.categories if c in over)  # the manifest's order
+        return Verdict(True, self.name, scores, worst, over[worst], policy=self.version,
+                       label=self.lexicon.categories[worst].label)
+
+    def find(self, prompt: str) -> Found:
+        text = to_ascii(prompt)
+        ws = split(text, self.lexicon.leet)
+        kinds: dict[str, dict[str, set[tuple]]] = defaultdict(lambda: defaultdict(set))
+        hidden: set[int] = set()
+        i = 0
+        while i < len(ws.words):
+            n, _ = self._longest(self._exempt, ws, i, hidden)
+            hidden.update(range(i, i + n))
+            i += max(n, 1)
+        i = 0
+        while i < len(ws.words):
+            n, hits = self._longest(self._index, ws, i, hidden)
+            disguised = any(j in ws.disguised for j in range(i, i + n))
+            for e in hits:
+                # A disguised weak term is no accident: it counts as strong.
+                kind = "strong" if disguised and e.kind in lists.SCORING else e.kind
+                kinds[e.category][kind].add(e.words)
+            i += max(n, 1)
+        if self._minor_age(text):
+            kinds["sexual_minors"]["minors"].add(("<age>",))
+        return Found({c: {k: len(v) for k, v in ks.items()} for c, ks in kinds.items()})
+
+    def scores(self, found: Found) -> dict[str, float]:
+        w = self.lexicon.weights
+        out = {}
+        for name, cat in self.lexicon.categories.items():
+            ks = found.kinds.get(name, {})
+            quiet = ks.get("benign_context", 0) > 0
+            score = 0.0 if quiet and cat.context_cancels == "all" else ks.get("strong", 0) * w["strong"]
+            if not quiet:
+                score += ks.get("contextual", 0) * w["strong"] + ks.get("weak", 0) * w["weak"]
+            for combo in cat.combine:
+                if all(self._present(found, name, part, quiet) for part in combo):
+                    score += 1.0
+            out[name] = round(score, 3)
+        return out
+
+    def _present(self, found: Found, category: str, part: str, quiet: bool) -> bool:
+        if part in self.lexicon.categories:  # any term of another category, benign context or not
+            ks = found.kinds.get(part, {})
+            return any(ks.get(k, 0) for k in lists.SCORING)
+        if quiet and part in lists.SCORING:  # the category's own terms, made innocent by context
+            return False
+        return found.kinds.get(category, {}).get(part, 0) > 0
+
+    @staticmethod
+    def _longest(index: _Index, ws: Words, i: int, hidden: set[int]) -> tuple[int, list[Entry]]:
+        best: tuple[int, list[Entry]] = (0, [])
+        for n in range(1, min(index.longest, len(ws.words) - i) + 1):
+            if i + n - 1 in hidden:
+                break
+            key = tuple(ws.words[i:i + n])
+            if hits := index.lookup(key, n == 1 and i in ws.elongated):
+                best = (n, hits)
+            if key not in index.prefixes:
+                break
+        return best
+
+    def _minor_age(self, text: str) -> bool:
+        plain = " ".join(_PLAIN_WORDS.findall(text))
+        return any(int(m.group(1)) < MINOR_AGE for p in self.lexicon.ages for m in p.finditer(plain))
+
+
+def _thresholds(lexicon: Lexicon, cfg: PolicyConfig) -> dict[str, float]:
+    """The categories that refuse and at what score; `always` ones cannot be changed."""
+    out = {}
+    for name, cat in lexicon.categories.items():
+        over = cfg.categories.get(name)
+        if cat.always and over is not None and (not over.enabled or over.threshold != 1.0):
+            raise SafetyLoadError(f"safety.text.policy.categories.{name}: {cat.label} is refused whatever "
+                                  "the config says; remove this entry")
+        if over is None or over.enabled:
+            out[name] = over.threshold if over is not None else 1.0
+    unknown = sorted(set(cfg.categories) - set(lexicon.categories))
+    if unknown:
+        raise SafetyLoadError(f"safety.text.policy.categories.{unknown[0]}: no such category "
+                              f"(known: {', '.join(lexicon.categories)})")
+    return out

@@ -1,0 +1,165 @@
+"""The policy's lists: the manifest and the language files shipped in safety/policy/lists/, plus any
+files of the operator's own, read, checked and compiled into one lexicon.
+
+A list file that does not follow the format stops start-up with an error naming the file and the
+key; a list is never half-loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from safety.policy.normalize import squeeze, to_ascii, words
+from safety.verdicts import SafetyLoadError
+
+# The kinds of entry a category section may hold, and what they add to its score.
+SCORING = ("strong", "contextual", "weak")
+SETS = ("minors", "groups", "attacks", "praise")  # named sets that `combine` rules read
+KINDS = SCORING + SETS + ("benign_context", "ages")
+MANIFEST = "policy.toml"
+_DIGEST_LINE = re.compile(r"^digest\s*=.*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Category:
+    name: str
+    label: str
+    combine: tuple[tuple[str, ...], ...] = ()
+    always: bool = False
+    context_cancels: str = "weak"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One list entry as matched: the words after normalisation, `stem` when the last one is a
+    prefix (written with a trailing *)."""
+
+    category: str
+    kind: str
+    words: tuple[str, ...]
+    stem: bool = False
+
+
+@dataclass
+class Lexicon:
+    version: str
+    categories: dict[str, Category]
+    weights: dict[str, float]
+    leet: dict[str, str]
+    entries: list[Entry] = field(default_factory=list)
+    ages: list[re.Pattern] = field(default_factory=list)
+    languages: tuple[str, ...] = ()
+
+
+def shipped_dir() -> Path:
+    return Path(str(resources.files("safety.policy") / "lists"))
+
+
+def digest(folder: Path) -> str:
+    """The content digest of the shipped lists (the manifest's own digest line left out)."""
+    h = hashlib.sha256()
+    for path in sorted(folder.glob("*.toml")):
+        text = path.read_text(encoding="utf-8")
+        if path.name == MANIFEST:
+            text = _DIGEST_LINE.sub("", text)
+        h.update(path.name.encode() + b"\0" + text.encode() + b"\0")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def load(languages: tuple[str, ...], extra: tuple[str, ...] = ()) -> Lexicon:
+    folder = shipped_dir()
+    manifest = _read(folder / MANIFEST, "safety/policy/lists")
+    lex = _lexicon(manifest, folder / MANIFEST)
+    for code in languages:
+        path = folder / f"{code}.toml"
+        if not path.is_file():
+            known = sorted(p.stem for p in folder.glob("*.toml") if p.name != MANIFEST)
+            raise SafetyLoadError(f"safety.text.policy.languages: no list for {code!r} (shipped: {', '.join(known)})")
+        _add(lex, _read(path, str(path)), str(path))
+    lex.languages = tuple(languages)
+    if extra:
+        h = hashlib.sha256()
+        for name in extra:
+            path = Path(name)
+            if not path.is_file():
+                raise SafetyLoadError(f"safety.text.policy.extra_lists: {name} is not a file")
+            h.update(path.read_bytes())
+            _add(lex, _read(path, name), name)
+        # The operator's own lists change what is refused: the version says so.
+        lex.version += "+local." + h.hexdigest()[:8]
+    return lex
+
+
+def _read(path: Path, where: str) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise SafetyLoadError(f"{where}: cannot read the policy list: {e}") from e
+
+
+def _lexicon(manifest: dict, where: Path) -> Lexicon:
+    try:
+        cats = {name: Category(name, c["label"], tuple(tuple(x) for x in c.get("combine", ())),
+                               bool(c.get("always", False)), c.get("context_cancels", "weak"))
+                for name, c in manifest["categories"].items()}
+        return Lexicon(version=manifest["version"], categories=cats, weights=dict(manifest["weights"]),
+                       leet=dict(manifest["leet"]))
+    except (KeyError, TypeError) as e:
+        raise SafetyLoadError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from e
+
+
+def _add(lex: Lexicon, data: dict, where: str) -> None:
+    for section, body in data.items():
+        if section == "language":
+            continue
+        if not isinstance(body, dict):
+            raise SafetyLoadError(f"{where}: {section}: a table of lists is expected")
+        if section == "exempt":
+            _entries(lex, "exempt", "phrases", body, where)
+            continue
+        if section not in lex.categories:
+            # A new category comes with its manifest entry: a list alone would refuse nothing.
+            raise SafetyLoadError(f"{where}: [{section}]: no such category (known: {', '.join(lex.categories)})")
+        for kind in body:
+            if kind == "ages":
+                lex.ages.extend(_age_pattern(p, f"{where}: {section}.ages") for p in _strings(body, kind, where, section))
+            elif kind in KINDS:
+                _entries(lex, section, kind, body, where)
+            else:
+                raise SafetyLoadError(f"{where}: {section}.{kind}: unknown key (one of {', '.join(KINDS)})")
+
+
+def _strings(body: dict, kind: str, where: str, section: str) -> list[str]:
+    value = body[kind]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise SafetyLoadError(f"{where}: {section}.{kind}: a list of non-empty strings is expected")
+    return value
+
+
+def _entries(lex: Lexicon, category: str, kind: str, body: dict, where: str) -> None:
+    for raw in _strings(body, kind, where, category):
+        stem = raw.rstrip().endswith("*")
+        ws = tuple(words(to_ascii(raw.rstrip().rstrip("*")), {}))
+        if not ws or (stem and len(ws[-1]) < 3):
+            raise SafetyLoadError(f"{where}: {category}.{kind}: entry #{body[kind].index(raw) + 1} "
+                                  "normalises to nothing matchable (a stem needs 3 letters or more)")
+        lex.entries.append(Entry(category, kind, ws, stem))
+
+
+def _age_pattern(pattern: str, where: str) -> re.Pattern:
+    if pattern.count("{n}") != 1:
+        raise SafetyLoadError(f"{where}: {pattern!r} needs exactly one {{n}} for the number")
+    plain = " ".join(words(to_ascii(pattern.replace("{n}", " 0000 ")), {}))
+    # Spaces optional: "12 yo", "12yo", "12-year-old" are all written.
+    body = r" ?".join(re.escape(w) if w != "0000" else r"(\d{1,3})" for w in plain.split())
+    return re.compile(r"(?<![a-z0-9])" + body + r"(?![a-z0-9])")
+
+
+def squeezed(entry: Entry) -> str | None:
+    """The squeezed form of a one-word entry, for elongated words (nuuuude)."""
+    return squeeze(entry.words[0]) if len(entry.words) == 1 and not entry.stem else None

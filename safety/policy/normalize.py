@@ -1,0 +1,118 @@
+"""Prompt text to the form the policy's lists are matched in.
+
+Each step undoes one way of writing a word so that a keyword list misses it:
+
+    mojibake and compatibility forms  ftfy, Unicode NFKC          ｎｕｄｅ, ð§ -> nude, §
+    invisible and combining marks     regex \\p{Cf} \\p{Cc} \\p{M}   nu\\u200bde, n̶u̶d̶e̶
+    look-alike letters                Unicode's confusables table  Cyrillic е, Greek ν
+    other scripts and accents         anyascii (transliteration)   décapité -> decapite, ß -> ss
+    case                              str.lower
+    leetspeak                         the lists' own table          n4k3d, p0rn, $ex
+    letters spaced out                                             n u d e, n.u.d.e, n-u-d-e
+
+Words are then the runs of letters and digits. A word with a letter repeated three times or more
+(nuuuude) is also tried with every run squeezed to one letter, matched against terms squeezed
+the same way. List entries go through the same steps, so lists are written in plain language.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from functools import cache
+
+import ftfy
+import regex
+from anyascii import anyascii
+
+_INVISIBLE = regex.compile(r"[\p{Cf}\p{Cc}\p{M}]")
+# Words, with `*` kept inside one where it stands for a hidden letter (p*rn); the matcher resolves it.
+_WORD = regex.compile(r"[a-z0-9]+(?:\*+[a-z0-9]+)*")
+# A token that mixes letters with digits or symbols that stand for letters: the candidates for
+# undoing leetspeak. All-digit tokens (ages, sizes, "4k") stay as they are.
+_LEET_TOKEN = regex.compile(r"[a-z0-9@$!|+*€£]*[a-z][a-z0-9@$!|+*€£]*|[0-9@$!|+€£]+[a-z][a-z0-9@$!|+*€£]*")
+# Three or more single letters separated by one kind of separator: n u d e, n.u.d.e, n-u-d-e.
+_SPACED = regex.compile(r"(?<![a-z0-9])[a-z](?:([ ._\-*~/\\|]+)[a-z](?![a-z0-9]))(?:\1[a-z](?![a-z0-9])){1,}")
+_REPEAT3 = regex.compile(r"([a-z])\1{2,}")
+_PLAIN = regex.compile(r"[a-z0-9]+")
+# A number with a unit or suffix (4k, 3d, 35mm, 1920s, 12yo, 21st) is not leetspeak.
+_QUANTITY = regex.compile(r"\d+(?:[a-z]{1,2}|mm|px|fps|yrs?)?")
+_RUNS = regex.compile(r"([a-z])\1+")
+
+
+def to_ascii(text: str) -> str:
+    """Steps up to and including case: the form age patterns and list entries are compared in."""
+    text = ftfy.fix_text(text, normalization="NFKC")
+    text = _INVISIBLE.sub("", unicodedata.normalize("NFKD", text))
+    text = text.translate(_confusables())
+    return anyascii(text).lower()
+
+
+def squeeze(word: str) -> str:
+    """Every run of one letter squeezed to a single letter: the form elongated words match in."""
+    return _RUNS.sub(r"\1", word)
+
+
+@dataclass(frozen=True)
+class Words:
+    """A prompt's words, and which of them were disguised: written in leetspeak, spaced out,
+    elongated or with a hidden letter. A disguised word counts as strong evidence: nobody writes
+    s3xy or n.u.d.e but to get past a filter."""
+
+    words: list[str]
+    disguised: frozenset[int] = frozenset()
+    elongated: frozenset[int] = frozenset()
+
+
+def words(text: str, leet: dict[str, str]) -> list[str]:
+    """The words of an ASCII, lower-case text after leetspeak and spaced-out letters are undone."""
+    return split(text, leet).words
+
+
+def split(text: str, leet: dict[str, str]) -> Words:
+    plain = set(_PLAIN.findall(text))
+    text = _SPACED.sub(_join, text)
+    text = _LEET_TOKEN.sub(lambda m: _unleet(m.group(0), leet), text)
+    out, disguised, long = [], set(), set()
+    for i, word in enumerate(_WORD.findall(text)):
+        if _REPEAT3.search(word):
+            long.add(i)
+            word = _REPEAT3.sub(r"\1", word)  # nuuuude -> nude; kiiiill -> kill is left to squeeze()
+        if word not in plain or i in long:
+            disguised.add(i)
+        out.append(word)
+    return Words(out, frozenset(disguised), frozenset(long))
+
+
+def _join(m: regex.Match) -> str:
+    letters = regex.sub(r"[^a-z]", "", m.group(0))
+    if letters[0] in "ai" and m.group(1).isspace():
+        # "a n u d e": the first letter may be the article; both readings are kept, the joined one
+        # first so that it still follows the word before ("k i l l  a l l").
+        return f"{letters} {letters[0]} {letters[1:]}"
+    return letters
+
+
+def _unleet(token: str, leet: dict[str, str]) -> str:
+    if token.isalpha() or _QUANTITY.fullmatch(token):
+        return token
+    plain = "".join(leet.get(ch, ch) for ch in token)
+    if "1" in token:  # 1 stands for i (s1n) or l (ki11): both readings are kept
+        return f"{plain} {''.join(leet.get(ch, ch) if ch != '1' else 'l' for ch in token)}"
+    return plain
+
+
+@cache
+def _confusables() -> dict[int, str]:
+    """Non-ASCII characters that look like one Latin letter, mapped to it (from the Unicode
+    confusables table shipped by confusable_homoglyphs). Built once per process."""
+    from confusable_homoglyphs.confusables import confusables_data
+
+    table: dict[int, str] = {}
+    for char, glyphs in confusables_data.items():
+        if len(char) != 1 or char.isascii():
+            continue
+        latin = [g["c"] for g in glyphs if len(g["c"]) == 1 and g["c"].isascii() and g["c"].isalpha()]
+        if latin:
+            table[ord(char)] = min(latin, key=str.isupper).lower()  # a lower-case look-alike first
+    return table
