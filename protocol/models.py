@@ -219,6 +219,7 @@ class WorkerView(_Strict):
     in_flight: list[str]
     warnings: list[str] = Field([], description="e.g. a safety check switched off by config")
     counters: dict[str, int] = Field({}, description="totals since the worker started")
+    safety_policy: str | None = Field(None, description="the prompt policy's version, from its heartbeat")
     registered_at: float
     last_heartbeat: float | None
     last_heartbeat_age_s: float | None = Field(None, description="seconds since the last heartbeat")
@@ -250,6 +251,8 @@ class Heartbeat(_Strict):
     timestamp: float
     warnings: list[Text] = Field([], max_length=100)
     counters: dict[Annotated[str, StringConstraints(max_length=100)], int] = Field({}, max_length=256)
+    safety_policy: str | None = Field(None, max_length=100, description=(
+        "the version of the prompt policy's lists the worker checks with"))
 
 
 class HeartbeatReply(_Strict):

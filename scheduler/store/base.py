@@ -145,5 +145,6 @@ def worker_view(row: Mapping[str, Any], now: float) -> WorkerView:
     beat = row["last_heartbeat"]
     return WorkerView(id=row["id"], status=row["status"], node_id=row["node_id"], in_flight=json.loads(row["in_flight"]),
                       warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
+                      safety_policy=row["safety_policy"],
                       registered_at=row["registered_at"], last_heartbeat=beat,
                       last_heartbeat_age_s=None if beat is None else round(now - beat, 3), **info)

@@ -328,9 +328,9 @@ class SQLStore:
             _require_worker(db, worker_id)
             # A replaced registration stays replaced: its group is gone or about to be.
             db.execute("UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE ? END,"
-                       " in_flight = ?, last_heartbeat = ?, warnings = ?, counters = ? WHERE id = ?",
+                       " in_flight = ?, last_heartbeat = ?, warnings = ?, counters = ?, safety_policy = ? WHERE id = ?",
                        (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
-                        worker_id))
+                        hb.safety_policy, worker_id))
             rows = db.execute(
                 f"UPDATE tasks SET lease_deadline = ?, updated_at = ? WHERE worker_id = ? AND {HELD}"
                 f" AND lease_deadline >= ? AND {in_ids} RETURNING id, cancel_requested_at",

@@ -200,6 +200,13 @@ def test_heartbeat_records_warnings_and_counters(store):
                                    counters={"images_generated": 3}))
     w = store.workers()[0]
     assert w.warnings == ["safety.image off"] and w.counters == {"images_generated": 3}
+    assert w.safety_policy is None  # a worker from before the policy lists sends none
+
+
+def test_heartbeat_records_the_prompt_policy_version(store):
+    wid = worker(store)
+    store.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, safety_policy="2026.11.1+local.ab12cd34"))
+    assert store.workers()[0].safety_policy == "2026.11.1+local.ab12cd34"
 
 
 def test_error_details_are_kept(store):

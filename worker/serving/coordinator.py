@@ -100,7 +100,7 @@ class Coordinator:
             quarantine.check_writable()
         guard = Guard.load(cfg.safety)  # before registering: a worker that cannot check is never ready
         token = os.environ.get(cfg.queue.token_env) or None
-        state = WorkerState(warnings=guard.warnings)
+        state = WorkerState(warnings=guard.warnings, safety_policy=guard.policy_version)
         gcs = cfg.storage.gcs
         post = PostStage(guard, store, quarantine, state, cfg.encode, cfg.model.name,
                          include_prompt=bool(gcs and gcs.include_prompt), workers=sizes.post_workers,

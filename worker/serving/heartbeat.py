@@ -38,7 +38,8 @@ class WorkerState:
     and the watchdog. Tasks are held by identity: a task id that comes back in a later lease is a new
     hold, and the earlier attempt's late calls cannot end it."""
 
-    def __init__(self, warnings: list[str] = (), clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, warnings: list[str] = (), clock: Callable[[], float] = time.monotonic,
+                 safety_policy: str | None = None) -> None:
         self._lock = threading.Lock()
         self._clock = clock
         self._status: WorkerStatus = "initializing"
@@ -49,6 +50,7 @@ class WorkerState:
         self._progress = clock()
         self._storage_failing = False
         self.warnings = list(warnings)  # set once at start, e.g. a safety check switched off
+        self.safety_policy = safety_policy  # the prompt policy's version, in every heartbeat
         self.changed = threading.Event()
         self.worker_unknown = threading.Event()  # scheduler forgot us: the serve loop re-registers
 
@@ -168,7 +170,8 @@ class WorkerState:
         with self._lock:
             moving = sorted(t for t, h in self._held.items() if not h.overdue and now <= h.deadline)
             return Heartbeat(status=self._status, in_flight=moving, timestamp=time.time(),
-                             warnings=list(self.warnings), counters=dict(self._counters))
+                             warnings=list(self.warnings), counters=dict(self._counters),
+                             safety_policy=self.safety_policy)
 
 
 class HeartbeatThread(threading.Thread):

@@ -46,7 +46,7 @@ def held_task(url, client, state: WorkerState, stage: str, limit_s: float) -> tu
 
 def test_heartbeat_keeps_a_lease_alive_and_reports_status(queue):
     url, client = queue
-    state = WorkerState()
+    state = WorkerState(safety_policy="2026.11.1")
     wid, task = held_task(url, client, state, "generate", 60)
     state.set_status("ready")
     hb = HeartbeatThread(client, wid, state, interval_s=0.3)
@@ -56,6 +56,7 @@ def test_heartbeat_keeps_a_lease_alive_and_reports_status(queue):
     assert status_of(url, task["id"]) == "leased"
     workers = httpx.get(f"{url}/v1/workers").json()
     assert workers[0]["status"] == "ready" and workers[0]["in_flight"] == [task["id"]]
+    assert workers[0]["safety_policy"] == "2026.11.1"  # which lists its refusals came from
     hb.stop()
     hb.join(5)
     wait_until(lambda: status_of(url, task["id"]) == "queued", 10, "the lease to expire without heartbeats")
