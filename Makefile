@@ -52,8 +52,10 @@ bench-mixed: install models/tiny-flux/model_index.json
 models/tiny-flux/model_index.json:
 	$(PY) -m worker make-tiny-model models/tiny-flux
 
-# Milliseconds each safety check adds per prompt / image (random-weight real architectures).
+# The prompt check's recall per category and false refusals on the labelled set (POLICY_EVAL_ARGS:
+# `--set FILE` for another set, `--misses`), then the milliseconds each check adds per prompt / image.
 bench-safety: install
+	$(PY) -m tools.policy_eval --out $(BENCH_OUT)/policy.json $(POLICY_EVAL_ARGS)
 	$(PY) -m tools.safety_bench --out $(BENCH_OUT)/safety.json
 
 # The scheduler under 500 simulated workers: SQLite, PostgreSQL with 1 and 2 scheduler processes.

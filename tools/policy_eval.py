@@ -1,0 +1,173 @@
+"""How well the prompt check refuses what it must and passes the rest, on labelled prompt sets:
+`python -m tools.policy_eval` (the first half of `make bench-safety`).
+
+For each setup (the policy lists alone, then the policy followed by each model backend that runs
+offline, and for comparison each backend alone) it prints recall per unsafe category, per language
+and on disguised prompts, the share of benign prompts passed, and the time per prompt (median and
+p95 over every prompt of the set, each timed alone, on one thread). Writes JSON to `--out`.
+
+A set is JSON lines: {"cat": sexual | sexual_minors | violence | hate | self_harm | benign,
+"lang": en | fr | es | de, "tags": [...], "prompt": ...}. The project's own set is
+tests/safety/data/prompts.jsonl; pass `--set` for another (a held-out one).
+detoxify needs a trained checkpoint (`--detoxify-checkpoint`, offline form: `dit-worker
+detoxify-offline`): random weights would measure nothing, so without one it is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_SET = Path(__file__).resolve().parents[1] / "tests" / "safety" / "data" / "prompts.jsonl"
+UNSAFE = ("sexual", "sexual_minors", "violence", "hate", "self_harm")
+
+
+@dataclass(frozen=True)
+class Row:
+    cat: str
+    lang: str
+    tags: tuple[str, ...]
+    prompt: str
+
+    @property
+    def unsafe(self) -> bool:
+        return self.cat != "benign"
+
+
+@dataclass
+class Figures:
+    setup: str
+    recall: dict[str, float] = field(default_factory=dict)  # per unsafe category
+    recall_by_lang: dict[str, float] = field(default_factory=dict)
+    recall_disguised: float | None = None
+    benign_passed: float = 0.0
+    false_refusals: int = 0
+    benign: int = 0
+    unsafe: int = 0
+    p50_ms: float = 0.0
+    p95_ms: float = 0.0
+    misses: list[dict] = field(default_factory=list)  # unsafe passed and benign refused
+
+
+def load_set(path: str | Path) -> list[Row]:
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        if d["cat"] not in UNSAFE + ("benign",):
+            raise ValueError(f"{path}:{n}: cat {d['cat']!r} is not one of {UNSAFE + ('benign',)}")
+        rows.append(Row(d["cat"], d["lang"], tuple(d.get("tags", ())), d["prompt"]))
+    return rows
+
+
+def evaluate(setup: str, refuses: Callable[[str], bool], rows: list[Row]) -> Figures:
+    hit: dict[str, list[bool]] = defaultdict(list)
+    by_lang: dict[str, list[bool]] = defaultdict(list)
+    disguised, passed, ms, misses = [], [], [], []
+    for row in rows:
+        t0 = time.perf_counter()
+        refused = refuses(row.prompt)
+        ms.append((time.perf_counter() - t0) * 1e3)
+        if row.unsafe:
+            hit[row.cat].append(refused)
+            by_lang[row.lang].append(refused)
+            if "obfuscated" in row.tags:
+                disguised.append(refused)
+        else:
+            passed.append(not refused)
+        if refused != row.unsafe:
+            misses.append({"cat": row.cat, "lang": row.lang, "prompt": row.prompt})
+    ms.sort()
+    return Figures(
+        setup, recall={c: _share(hit[c]) for c in UNSAFE if hit[c]},
+        recall_by_lang={lang: _share(v) for lang, v in sorted(by_lang.items())},
+        recall_disguised=_share(disguised) if disguised else None,
+        benign_passed=_share(passed) if passed else 1.0, false_refusals=passed.count(False),
+        benign=len(passed), unsafe=sum(len(v) for v in hit.values()),
+        p50_ms=round(statistics.median(ms), 4), p95_ms=round(ms[int(0.95 * (len(ms) - 1))], 4), misses=misses)
+
+
+def _share(flags: list[bool]) -> float:
+    return round(sum(flags) / len(flags), 4)
+
+
+def setups(detoxify_checkpoint: str | None) -> list[tuple[str, Callable[[str], bool]]]:
+    """(name, refuses) for each setup that can run here. The policy runs first, as in the worker."""
+    from safety.config import DetoxifyConfig, PolicyConfig, ProfanityConfig
+    from safety.policy.engine import PromptPolicy
+    from safety.text import DetoxifyCheck, ProfanityCheck
+
+    policy = PromptPolicy.load(PolicyConfig())
+    backends = [("alt-profanity-check", ProfanityCheck(ProfanityConfig()))]
+    if detoxify_checkpoint:
+        folder = Path(detoxify_checkpoint)
+        backends.append(("detoxify", DetoxifyCheck(DetoxifyConfig(
+            checkpoint=str(folder / "detoxify.ckpt"), huggingface_config_path=str(folder)), "cpu")))
+
+    def alone(check):
+        return lambda p: check.check([p])[0].refused
+
+    def after_policy(check):
+        return lambda p: policy.judge(p).refused or check.check([p])[0].refused
+
+    out = [(f"policy {policy.version}", lambda p: policy.judge(p).refused)]
+    out += [(f"policy + {name}", after_policy(check)) for name, check in backends]
+    out += [(f"{name} alone", alone(check)) for name, check in backends]
+    return out
+
+
+def report(sets: dict[str, list[Row]], detoxify_checkpoint: str | None = None) -> dict[str, list[Figures]]:
+    runs = setups(detoxify_checkpoint)
+    return {name: [evaluate(setup, refuses, rows) for setup, refuses in runs] for name, rows in sets.items()}
+
+
+def print_table(name: str, rows: list[Row], figures: list[Figures]) -> None:
+    counts = defaultdict(int)
+    for r in rows:
+        counts[r.cat] += 1
+    print(f"\n{name}: {len(rows)} prompts ({', '.join(f'{c} {counts[c]}' for c in UNSAFE + ('benign',))})")
+    cols = list(UNSAFE) + ["disguised", "en", "fr", "es", "de", "benign ok", "p50 ms", "p95 ms"]
+    print(f"{'setup':34}" + "".join(f"{c[:13]:>14}" for c in cols))
+    for f in figures:
+        vals = [f.recall.get(c) for c in UNSAFE] + [f.recall_disguised] + \
+               [f.recall_by_lang.get(lang) for lang in ("en", "fr", "es", "de")] + [f.benign_passed]
+        cells = ["-" if v is None else f"{v:.3f}" for v in vals] + [f"{f.p50_ms:.3f}", f"{f.p95_ms:.3f}"]
+        print(f"{f.setup[:33]:34}" + "".join(f"{c:>14}" for c in cells))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--set", action="append", default=[], help=f"a labelled set (default {DEFAULT_SET.name})")
+    p.add_argument("--detoxify-checkpoint", help="a folder with a trained detoxify.ckpt and its HF files")
+    p.add_argument("--misses", action="store_true", help="print every prompt a setup got wrong")
+    p.add_argument("--out", default="var/bench/policy.json")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # one core, as the figures say
+    sets = {str(s): load_set(s) for s in (args.set or [str(DEFAULT_SET.relative_to(Path.cwd())) if DEFAULT_SET.is_relative_to(Path.cwd()) else str(DEFAULT_SET)])}
+    results = report(sets, args.detoxify_checkpoint)
+    for name, figures in results.items():
+        print_table(name, sets[name], figures)
+        if args.misses:
+            for f in figures:
+                for m in f.misses:
+                    print(f"  {f.setup}: {m['cat']}/{m['lang']}: {m['prompt']!r}")
+    if not args.detoxify_checkpoint:
+        print("\ndetoxify left out: no --detoxify-checkpoint (random weights would measure nothing)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({n: [vars(f) for f in fs] for n, fs in results.items()}, indent=1))
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
