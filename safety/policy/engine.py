@@ -55,31 +55,36 @@ class _Index:
         self.longest = max((len(e.words) for e in entries), default=1)
 
     def lookup(self, key: tuple[str, ...], elongated: bool = False) -> list[Entry]:
-        last = key[-1]
-        hits = self.exact.get(key) or (self.exact.get(key[:-1] + (last[:-1],)) if last.endswith("s") else None)
-        if hits:
-            return hits
-        head = key[:-1]
+        """Every entry the words match: exactly, without a plural s, or by a stem; for one
+        elongated or masked word, squeezed or by its visible letters."""
+        last, head = key[-1], key[:-1]
+        hits = list(self.exact.get(key, ()))
+        if last.endswith("s"):
+            hits += self.exact.get(head + (last[:-1],), ())
         for k in self.stem_lengths:
-            if len(last) >= k and (hits := self.stems.get((head, last[:k]))):
-                return hits
-        if len(key) == 1:
-            if elongated and (hits := self.squeezed.get(squeeze(last))):
-                return hits
-            if "*" in last:
-                return self._wildcard(last)
-        return []
+            if len(last) >= k:
+                hits += self.stems.get((head, last[:k]), ())
+        if not hits and len(key) == 1:
+            if elongated:
+                hits = list(self.squeezed.get(squeeze(last), ()))
+            elif "*" in last:
+                hits = self._wildcard(last)
+        return hits
 
     def _wildcard(self, word: str) -> list[Entry]:
         """p*rn, f**k: a star hides one letter; the first entry of that shape is taken."""
-        pattern = re.compile(re.escape(word).replace(r"\*", "[a-z]"))
+        pattern = _masked(word)
         for term, found in self.by_length.get(len(word), ()):
             if pattern.fullmatch(term):
                 return found
         for (head, stem), found in self.stems.items():
-            if not head and len(word) >= len(stem) and pattern.match(stem + "." * (len(word) - len(stem))):
+            if not head and len(word) >= len(stem) and _masked(word[:len(stem)]).fullmatch(stem):
                 return found
         return []
+
+
+def _masked(word: str) -> re.Pattern:
+    return re.compile(re.escape(word).replace(r"\*", "[a-z]"))
 
 
 class PromptPolicy:
@@ -145,7 +150,8 @@ class PromptPolicy:
             score = 0.0 if quiet and cat.context_cancels == "all" else ks.get("strong", 0) * w["strong"]
             if not quiet:
                 score += ks.get("contextual", 0) * w["strong"] + ks.get("weak", 0) * w["weak"]
-            for combo in cat.combine:
+            combos_quiet = quiet and cat.context_cancels in ("all", "weak+combine")
+            for combo in () if combos_quiet else cat.combine:
                 if all(self._present(found, name, part, quiet) for part in combo):
                     score += 1.0
             out[name] = round(score, 3)

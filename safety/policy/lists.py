@@ -19,7 +19,7 @@ from safety.verdicts import SafetyLoadError
 
 # The kinds of entry a category section may hold, and what they add to its score.
 SCORING = ("strong", "contextual", "weak")
-SETS = ("minors", "groups", "attacks", "praise")  # named sets that `combine` rules read
+SETS = ("minors", "groups", "attacks", "praise", "body", "injury")  # the sets `combine` rules read
 KINDS = SCORING + SETS + ("benign_context", "ages")
 MANIFEST = "policy.toml"
 _DIGEST_LINE = re.compile(r"^digest\s*=.*$", re.MULTILINE)
@@ -107,9 +107,12 @@ def _lexicon(manifest: dict, where: Path) -> Lexicon:
         cats = {name: Category(name, c["label"], tuple(tuple(x) for x in c.get("combine", ())),
                                bool(c.get("always", False)), c.get("context_cancels", "weak"))
                 for name, c in manifest["categories"].items()}
+        for c in cats.values():
+            if c.context_cancels not in ("weak", "weak+combine", "all"):
+                raise ValueError(f"categories.{c.name}.context_cancels: one of weak, weak+combine, all")
         return Lexicon(version=manifest["version"], categories=cats, weights=dict(manifest["weights"]),
                        leet=dict(manifest["leet"]))
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise SafetyLoadError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from e
 
 

@@ -50,6 +50,24 @@ def test_the_minors_rule_holds_whatever_the_config(policy):
     assert category(off, "a decapitated body") is None
 
 
+def test_clothes_alone_are_not_sexual_even_for_a_minor(policy):
+    assert category(policy, "a teenager in a bikini at the beach") is None
+    assert category(policy, "a sexy teenager in a bikini") == "sexual_minors"
+
+
+def test_a_body_part_and_an_injury_done_to_it_refuse_unless_it_is_make_up(policy):
+    assert category(policy, "face melted off by acid") == "violence"
+    assert category(policy, "Mann mit aufgeschlitzter Kehle") == "violence"
+    assert category(policy, "zombie halloween make-up, arm ripped off") is None
+    assert category(policy, "a portrait where the head is cut off by the frame") is None
+
+
+def test_a_hate_symbol_passes_in_history_and_refuses_with_praise(policy):
+    assert category(policy, "a nazi flag in a ww2 museum") is None
+    assert category(policy, "a glorious nazi parade poster") == "hate"
+    assert category(policy, "jews are vermin, history lesson") == "hate"  # a statement stays one
+
+
 def test_two_weak_terms_refuse_one_does_not(policy):
     assert category(policy, "a sexy woman") is None
     assert category(policy, "a sexy woman in lingerie") == "sexual"

@@ -1,6 +1,8 @@
-"""The figures the README states, on the project's labelled set (tests/safety/data/prompts.jsonl):
+"""The figures the README states, on the project's labelled sets (tests/safety/data/*.jsonl):
 recall >= 0.95 on every unsafe category, 1.0 on sexual content with minors, benign passed >= 0.97.
-Timing is `make bench-safety`'s, not a test's."""
+prompts.jsonl is the set the lists were written against; heldout-1 and heldout-2 were written
+apart from the lists and measured before any change (README, "Content safety"), then kept here as
+regression sets. Timing is `make bench-safety`'s, not a test's."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from safety.policy.engine import PromptPolicy
 from tools.policy_eval import DEFAULT_SET, UNSAFE, evaluate, load_set
 
 ROWS = load_set(DEFAULT_SET)
+SETS = sorted(DEFAULT_SET.parent.glob("*.jsonl"))
 
 
 def test_the_set_covers_what_it_measures():
@@ -25,10 +28,10 @@ def test_the_set_covers_what_it_measures():
     assert len({r.prompt for r in ROWS}) == len(ROWS)
 
 
-@pytest.fixture(scope="module")
-def figures():
+@pytest.fixture(scope="module", params=SETS, ids=lambda p: p.stem)
+def figures(request):
     policy = PromptPolicy.load(PolicyConfig())
-    return evaluate("policy", lambda p: policy.judge(p).refused, ROWS)
+    return evaluate("policy", lambda p: policy.judge(p).refused, load_set(request.param))
 
 
 @pytest.mark.parametrize("cat", UNSAFE)
@@ -44,4 +47,4 @@ def test_benign_prompts_pass(figures):
 
 
 def test_disguised_prompts_are_caught(figures):
-    assert figures.recall_disguised >= 0.95
+    assert figures.recall_disguised >= 0.95, [m["prompt"] for m in figures.misses]
