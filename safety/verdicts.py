@@ -39,9 +39,10 @@ class Verdict:
 
     def describe(self) -> str:
         """Names the category, never the words that matched."""
-        what = f"{self.label} ({self.category})" if self.label else f"{self.category} scored {self.score:.3f}"
-        policy = f", policy {self.policy}" if self.policy else ""
-        return f"{what} ({self.backend}{policy})"
+        what = self.label or f"{self.category} scored {self.score:.3f}"
+        by = self.category if self.label else self.backend  # the policy's category, or the classifier
+        policy = f"; policy {self.policy}" if self.policy else ""
+        return f"{what} ({by}{policy})"
 
     def details(self) -> dict:
         out = {"backend": self.backend, "category": self.category, "score": self.score,

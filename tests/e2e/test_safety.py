@@ -36,6 +36,22 @@ def test_refused_prompt_fails_unsafe_prompt_without_inference(flagging):
     assert after["prompts_refused"] == before.get("prompts_refused", 0) + 1
 
 
+def test_the_policy_refuses_first_names_its_version_and_never_echoes_the_prompt(flagging):
+    before = settled_worker(flagging)["counters"]
+    (task,) = run(flagging, [{"prompt": "une femme n.u.e sur un lit"}])  # French, spelled out
+    err = task["error"]
+    assert err["code"] == "unsafe_prompt" and err["retryable"] is False
+    version = settled_worker(flagging)["safety_policy"]  # from the worker's heartbeats
+    assert version and err["details"]["policy"] == version
+    assert err["details"]["backend"] == "policy" and err["details"]["category"] == "sexual"
+    assert err["message"] == f"prompt refused: sexual content (sexual; policy {version})"
+    after = settled_worker(flagging)["counters"]
+    assert after["images_generated"] == before["images_generated"]
+    # A classifier's refusal names the policy version too: every prompt passed through it first.
+    (task,) = run(flagging, [{"prompt": OFFENSIVE}])
+    assert task["error"]["details"]["policy"] == version
+
+
 def test_flagged_image_fails_unsafe_image_and_is_never_stored(flagging):
     before = settled_worker(flagging)["counters"]
     (task,) = run(flagging, [{"prompt": "a lighthouse on a cliff", "width": 128, "height": 128}])

@@ -38,7 +38,7 @@ def test_raising_classifier_fails_retryable_never_succeeds_then_worker_exits(mak
     assert "classifier exploded" in err["message"]
     assert stack.objects() == []
     # A check switched off by config is reported in every heartbeat.
-    assert settled_worker(stack, beats=1)["warnings"] == ['safety.text.backend = "off": prompts are not checked']
+    assert settled_worker(stack, beats=1)["warnings"] == ['safety.text.backend = "off": prompts are checked by the policy lists alone']
     assert 'SAFETY CHECK OFF: safety.text.backend = "off"' in proc.messages()
     # The third failure in a row: the worker exits for its supervisor to restart it.
     task_id = stack.client.submit({"prompt": "a blue whale", "width": 128, "height": 128})["id"]
