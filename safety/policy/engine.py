@@ -2,8 +2,8 @@
 
 Matching is greedy longest-first over the prompt's words, so a longer entry wins over the words it
 contains: "chicken breast" (exempt) hides "breast", "bloody corpse" counts once, not three times.
-Each distinct entry found counts once. Everything is dictionary lookups on a few dozen words: tens
-of microseconds a prompt, so it runs inline on the intake thread.
+Each distinct entry found counts once. Everything is dictionary lookups on a few dozen words: 0.2
+to 0.5 ms a prompt on one slow core, normalisation included, so it runs inline on the intake thread.
 """
 
 from __future__ import annotations
