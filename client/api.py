@@ -30,6 +30,18 @@ LONG_POLL_S = 60.0  # the most one wait call asks the scheduler for (it caps it 
 _backoff = wait_random_exponential(multiplier=0.5, max=10)
 
 
+def scheduler_url(url: str) -> str:
+    """The scheduler's base URL, checked before any call: an http(s) address with a host. A bare
+    host:port gets http://, as curl does, rather than failing after a minute of retries."""
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    parsed = urlparse(text)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"url {url!r}: not an http(s) address of the scheduler, e.g. http://127.0.0.1:8700")
+    return text.rstrip("/")
+
+
 def _wait(state) -> float:
     """Retry-After when the scheduler gave one, else exponential backoff with jitter."""
     exc = state.outcome.exception()
@@ -49,7 +61,7 @@ def submit_body(prompt: str, *, width: int | None = None, height: int | None = N
 class _Common:
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
                  retry_deadline_s: float = 60.0) -> None:
-        self.url = url.rstrip("/")
+        self.url = scheduler_url(url)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
         self._deadline_s = retry_deadline_s

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from client.api import Client
+from client.api import Client, scheduler_url
 from client.errors import AuthError, ClientError, Conflict, InvalidRequest, TaskFailed, TaskNotFound, Unavailable
 from protocol import TaskView
 
@@ -142,9 +142,17 @@ def _size(text: str) -> tuple[int, int]:
     return w, h
 
 
+def _url(text: str) -> str:
+    try:
+        return scheduler_url(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=os.environ.get("DIT_URL", "http://127.0.0.1:8700"), help="the scheduler (DIT_URL)")
+    p.add_argument("--url", type=_url, default=os.environ.get("DIT_URL", "http://127.0.0.1:8700"),
+                   help="the scheduler (DIT_URL); host:port means http://host:port")
     p.add_argument("--token", default=os.environ.get("DIT_TOKEN"), help="a client token (DIT_TOKEN)")
     p.add_argument("--retry-deadline", type=float, default=60.0, help="seconds to keep retrying an unavailable scheduler")
     sub = p.add_subparsers(dest="command", required=True)

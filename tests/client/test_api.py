@@ -12,6 +12,7 @@ import pytest
 
 from client import (AsyncClient, AuthError, Client, Conflict, InvalidRequest, RateLimited, TaskFailed, TaskNotFound,
                     Unavailable)
+from client.api import scheduler_url
 from client.errors import ClientError
 
 TASK = {"id": "t1", "status": "queued", "input": {"prompt": "x"}, "priority": 0, "attempts": 0, "max_attempts": 3,
@@ -146,3 +147,16 @@ def test_download_from_gcs_with_the_official_client(tmp_path, monkeypatch):
         assert client([]).download(task, tmp_path / "g.png").read_bytes() == data
     finally:
         emu.stop()
+
+
+@pytest.mark.parametrize("given, base", [("127.0.0.1:8700", "http://127.0.0.1:8700"),
+                                         ("https://q.example.com/", "https://q.example.com"),
+                                         (" http://h:1 ", "http://h:1")])
+def test_the_scheduler_url_is_checked_and_completed(given, base):
+    assert scheduler_url(given) == base
+
+
+@pytest.mark.parametrize("given", ["ftp://h:1", "http://", "://x"])
+def test_a_scheduler_url_that_cannot_work_is_refused_before_any_call(given):
+    with pytest.raises(ValueError, match="not an http.s. address of the scheduler"):
+        scheduler_url(given)

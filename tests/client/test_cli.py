@@ -42,6 +42,14 @@ def test_submit_status_and_cancel(url):
     assert ended.returncode == 1 and "cancelled: cancelled by a client (while queued)" in ended.stdout
 
 
+def test_a_url_without_scheme_is_http_and_a_wrong_one_fails_at_once(url):
+    bare = url.removeprefix("http://")
+    ok = dit(bare, "submit", "a lighthouse", "--size", "384x256")
+    assert ok.returncode == 0, ok.stderr  # host:port, as curl takes it
+    wrong = dit("ftp://127.0.0.1:1", "status", "t-1", timeout=10)  # not a minute of retries
+    assert wrong.returncode == 2 and "not an http(s) address of the scheduler" in wrong.stderr
+
+
 def test_a_wait_that_times_out_says_what_to_do_next(url):
     out = dit(url, "submit", "nobody serves this", "--wait", "--timeout", "1")
     assert out.returncode == 1 and "is still queued after 1s" in out.stderr and "dit cancel" in out.stderr
