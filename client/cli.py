@@ -52,7 +52,7 @@ def submit(dit: Client, args) -> int:
     width, height = args.size or (None, None)
     task = dit.submit(args.prompt, width=width, height=height, steps=args.steps, seed=args.seed,
                       output_format=args.format, priority=args.priority)
-    if not args.wait:
+    if not (args.wait or args.output):  # a file asked for is a result waited for
         out.print(task.id)
         return 0
     with err.status(f"{task.id}: {task.status}") as spinner:
@@ -165,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--priority", type=int, default=0)
     s.add_argument("--wait", action="store_true", help="wait for the task to end, showing its progress")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
-    s.add_argument("-o", "--output", help="with --wait: download the image here")
+    s.add_argument("-o", "--output", help="download the image here (waits, as --wait does)")
     st = sub.add_parser("status", help="a task's state")
     st.add_argument("id")
     st.add_argument("--wait-s", type=float, default=0.0, help="wait up to this long for it to end first")

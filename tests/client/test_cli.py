@@ -55,6 +55,11 @@ def test_a_wait_that_times_out_says_what_to_do_next(url):
     assert out.returncode == 1 and "is still queued after 1s" in out.stderr and "dit cancel" in out.stderr
 
 
+def test_an_output_file_means_waiting_for_it(url, tmp_path):
+    out = dit(url, "submit", "nobody serves this", "-o", str(tmp_path / "f.png"), "--timeout", "1")
+    assert out.returncode == 1 and "is still queued after 1s" in out.stderr  # waited, did not exit 0
+
+
 def test_errors_name_what_to_do_and_set_the_exit_status(url):
     missing = dit(url, "status", "nope")
     assert missing.returncode == 2 and "check the id" in missing.stderr
