@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from datetime import datetime, timezone
 
 from rich.console import Console
 from rich.live import Live
@@ -75,16 +76,24 @@ def submit(dit: Client, args) -> int:
 
 
 def status(dit: Client, args) -> int:
+    """One "key value" line each, never cut: ids, paths and URLs are copied from here, piped or not."""
     task = dit.get(args.id, wait_s=args.wait_s)
-    table = Table(show_header=False, box=None)
-    for key in ("id", "status", "attempts", "worker_id", "created_at", "started_at", "finished_at", "expires_at"):
-        table.add_row(key, str(getattr(task, key)))
+    rows = [("id", task.id), ("status", task.status), ("attempts", task.attempts), ("worker_id", task.worker_id)]
+    rows += [(key, _when(getattr(task, key))) for key in ("created_at", "started_at", "finished_at", "expires_at")]
     if task.result:
-        table.add_row("result", task.result.url or task.result.uri)
+        rows.append(("result", task.result.url or task.result.uri))
     if task.error:
-        table.add_row("error", f"{task.error.code}: {task.error.message}")
-    out.print(table)
+        rows.append(("error", f"{task.error.code}: {task.error.message}"))
+    for key, value in rows:
+        out.print(f"{key:<12}{'-' if value is None else value}", markup=False, highlight=False, soft_wrap=True)
     return 1 if task.status in ("failed", "cancelled") else 0
+
+
+def _when(epoch: float | None) -> str | None:
+    """UTC, to the second, as ISO 8601: what people and log search read."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cancel(dit: Client, args) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,9 @@ def test_submit_status_and_cancel(url):
     task_id = sub.stdout.strip()
     status = dit(url, "status", task_id)
     assert status.returncode == 0 and "queued" in status.stdout
+    lines = dict(line.split(None, 1) for line in status.stdout.splitlines())  # piped: whole lines
+    assert lines["id"] == task_id and lines["started_at"] == "-"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", lines["created_at"])
     cancel = dit(url, "cancel", task_id)
     assert cancel.returncode == 0 and f"{task_id} cancelled" in cancel.stdout
     again = dit(url, "cancel", task_id)
