@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # one core, as the figures say
-    sets = {str(s): load_set(s) for s in (args.set or [str(DEFAULT_SET.relative_to(Path.cwd())) if DEFAULT_SET.is_relative_to(Path.cwd()) else str(DEFAULT_SET)])}
+    sets = {name: load_set(name) for name in args.set or [str(DEFAULT_SET)]}
     results = report(sets, args.detoxify_checkpoint)
     for name, figures in results.items():
         print_table(name, sets[name], figures)
