@@ -146,7 +146,7 @@ class PromptPolicy:
         out = {}
         for name, cat in self.lexicon.categories.items():
             ks = found.kinds.get(name, {})
-            quiet = ks.get("benign_context", 0) > 0
+            quiet = ks.get("benign_context", 0) > 0 and not cat.always  # no context excuses minors
             score = 0.0 if quiet and cat.context_cancels == "all" else ks.get("strong", 0) * w["strong"]
             if not quiet:
                 score += ks.get("contextual", 0) * w["strong"] + ks.get("weak", 0) * w["weak"]

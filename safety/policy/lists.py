@@ -110,6 +110,10 @@ def _lexicon(manifest: dict, where: Path) -> Lexicon:
         for c in cats.values():
             if c.context_cancels not in ("weak", "weak+combine", "all"):
                 raise ValueError(f"categories.{c.name}.context_cancels: one of weak, weak+combine, all")
+            # A part naming nothing would make its rule silently never refuse.
+            unknown = [p for combo in c.combine for p in combo if p not in SCORING + SETS and p not in cats]
+            if unknown:
+                raise ValueError(f"categories.{c.name}.combine: {', '.join(unknown)} names no set or category")
         return Lexicon(version=manifest["version"], categories=cats, weights=dict(manifest["weights"]),
                        leet=dict(manifest["leet"]))
     except (KeyError, TypeError, ValueError) as e:

@@ -54,6 +54,29 @@ def test_a_malformed_list_of_ones_own_stops_start_up(tmp_path, body, message):
     assert str(path) in str(e.value)
 
 
+def test_a_combination_rule_naming_no_set_stops_start_up(monkeypatch):
+    from safety.policy import lists
+
+    real = lists._read
+
+    def misspelt(path, where):
+        data = real(path, where)
+        if path.name == lists.MANIFEST:
+            data["categories"]["hate"]["combine"] = [["grups", "attacks"]]
+        return data
+
+    monkeypatch.setattr(lists, "_read", misspelt)
+    with pytest.raises(SafetyLoadError, match=r"categories.hate.combine: grups names no set or category"):
+        load()
+
+
+def test_no_context_excuses_a_minor_with_a_sexual_term(tmp_path):
+    path = tmp_path / "mine.toml"
+    # In any other category a benign context makes a contextual term innocent; not in this one.
+    path.write_text('[sexual_minors]\ncontextual = ["zorblat"]\nbenign_context = ["beach"]\n')
+    assert load(extra_lists=[str(path)]).judge("a zorblat at the beach").category == "sexual_minors"
+
+
 def test_a_missing_list_of_ones_own_names_the_field(tmp_path):
     with pytest.raises(SafetyLoadError, match=r"safety.text.policy.extra_lists: .* is not a file"):
         load(extra_lists=[str(tmp_path / "absent.toml")])
