@@ -10,9 +10,17 @@
 #
 # `launch/node.sh --dry-run [args]` prints the exact torchrun command (and OMP_NUM_THREADS) and exits.
 #
-# SIGTERM (or SIGINT) drains: no new leases, the tasks held finish and are reported, then every rank
-# exits 0 and so does this script. A second signal, or a drain longer than DRAIN_S seconds (default
-# 300), stops at once; the scheduler retries what was held. Environment: CONFIG, NPROC (default: the GPUs nvidia-smi lists, else 1), MAX_RESTARTS,
+# SIGTERM, SIGINT (Ctrl-C) or SIGHUP drains: no new leases, the tasks held finish and are reported,
+# then every rank exits 0 and so does this script, also when the signal comes while torchrun
+# restarts the group. A second signal, or a drain longer than DRAIN_S seconds (default 300), stops
+# at once; the scheduler retries what was held.
+#
+# A start error no restart can cure (a config typo or wrong type, a device the machine lacks, the ops
+# port taken, a token the scheduler refuses) ends this script with exit code 2 (3 for the token),
+# once: `dit-worker check` finds most before torchrun starts, and a rank that finds one later
+# records it so that torchrun stops after one restart (worker/nodedir.py).
+#
+# Environment: CONFIG, NPROC (default: the GPUs nvidia-smi lists, else 1), MAX_RESTARTS,
 # OMP_NUM_THREADS (default: the cores this process may use, shared among the ranks), NNODES
 # (default 1), RDZV_ENDPOINT (host:port, needed when NNODES > 1), RDZV_ID (default dit-worker).
 set -euo pipefail
@@ -62,39 +70,56 @@ if [ "$DRY_RUN" -eq 1 ]; then
   exit 0
 fi
 
-"${CMD[@]}" &
+# Start errors that no restart can cure, before any rank starts: exit 2 with the field to fix.
+dit-worker check --config "$CONFIG" "$@" || exit $?
+
+NODE_DIR=$(mktemp -d -t dit-node.XXXXXX)
+# torchrun in a session of its own: a Ctrl-C at the terminal reaches this script alone, which
+# drains the ranks, instead of torchrun, which would kill them after 30 s and exit 1.
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT: when torchrun itself is signalled (a `kill` of its pid, SLURM
+# signalling every process of the step), the ranks still get DRAIN_S to drain.
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$DRAIN_S setsid "${CMD[@]}" --node-dir "$NODE_DIR" &
 TORCHRUN=$!
 
-# A signal to torchrun itself makes it kill the ranks after 30 s and exit 1 with a traceback, so a
-# clean drain would look like a failure. The ranks are told directly instead: rank 0 drains and
-# shuts the group down, every rank exits 0, and torchrun exits 0 with them.
+# A signal to torchrun itself makes it exit 1 with a traceback, so a clean drain would look like a
+# failure. The ranks are told directly instead: rank 0 drains and shuts the group down, every rank
+# exits 0, and torchrun exits 0 with them. The stop file tells a group that torchrun starts later.
 signals=0
 TIMER=
 on_signal() {
   signals=$((signals + 1))
   if [ "$signals" -eq 1 ]; then
     echo "node.sh: draining for at most ${DRAIN_S}s (signal again to stop at once)" >&2
+    : > "$NODE_DIR/stop"   # before the signal: a rank that misses the signal sees the file
     pkill -TERM -P "$TORCHRUN" || true
     ( sleep "$DRAIN_S" && kill -USR1 $$ ) 2>/dev/null &
     TIMER=$!
   else
     echo "node.sh: stopping now" >&2
-    kill -TERM "$TORCHRUN" 2>/dev/null || true
+    stop_now
   fi
 }
 drain_overdue() {
   echo "node.sh: the drain took over DRAIN_S=${DRAIN_S}s; stopping now (the scheduler retries what was held)" >&2
   signals=$((signals + 1))
+  stop_now
+}
+stop_now() {
+  # torchrun first, so that it shuts down instead of restarting the group; then the ranks, which
+  # torchrun would otherwise give DRAIN_S more.
   kill -TERM "$TORCHRUN" 2>/dev/null || true
+  pkill -KILL -P "$TORCHRUN" 2>/dev/null || true
 }
-trap on_signal TERM INT
+trap on_signal TERM INT HUP
 trap drain_overdue USR1
-stop_timer() {
-  [ -n "$TIMER" ] || return 0
-  pkill -P "$TIMER" 2>/dev/null || true   # its sleep
-  kill "$TIMER" 2>/dev/null || true
+cleanup() {
+  if [ -n "$TIMER" ]; then
+    pkill -P "$TIMER" 2>/dev/null || true   # its sleep
+    kill "$TIMER" 2>/dev/null || true
+  fi
+  rm -rf "$NODE_DIR"
 }
-trap stop_timer EXIT
+trap cleanup EXIT
 
 while :; do
   seen=$signals
@@ -106,4 +131,14 @@ while :; do
   [ "$late" -eq 127 ] || rc=$late
   break
 done
+
+if [ -s "$NODE_DIR/fatal" ]; then
+  { read -r code; read -r message; } < "$NODE_DIR/fatal"
+  echo "node.sh: not restarting: $message" >&2
+  exit "$code"
+fi
+if [ "$rc" -ne 0 ] && [ -e "$NODE_DIR/drained" ]; then
+  echo "node.sh: the ranks drained cleanly (torchrun exited $rc because it was signalled itself)" >&2
+  rc=0
+fi
 exit "$rc"

@@ -1,6 +1,7 @@
 """`dit-worker` console script.
 
     dit-worker serve --config configs/tiny.toml [--set queue.url=...]   one rank (torchrun runs several)
+    dit-worker check --config configs/tiny.toml [--set ...]   the start errors no restart can cure (exit 2)
     dit-worker detoxify-offline SRC.ckpt HF_DIR DST.ckpt   make a released detoxify checkpoint load offline
 
 Tools register more commands as entry points in the `dit_worker.commands` group, so the worker never
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", required=True, help="TOML file, e.g. configs/flux-schnell.toml")
     serve.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one config value (TOML syntax), e.g. --set queue.url=http://q:8700")
+    serve.add_argument("--node-dir", metavar="DIR", help="the directory launch/node.sh shares with its ranks "
+                       "(a stop during a group restart, a start error no restart cures; worker/nodedir.py)")
+    check = sub.add_parser("check", help="config, device and ops port, before torchrun starts a group: "
+                           "exit 2 with the field to fix")
+    check.add_argument("--config", required=True)
+    check.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     detox = sub.add_parser("detoxify-offline", help="rewrite a detoxify checkpoint to name a local "
                            "directory holding its Hugging Face config.json and tokenizer files")
     detox.add_argument("checkpoint")
@@ -41,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from worker.main import run
 
-        return run(args.config, args.set)
+        return run(args.config, args.set, args.node_dir)
+    if args.command == "check":
+        from worker.preflight import check
+
+        return check(args.config, args.set)
     from safety.text import make_offline_checkpoint
 
     print(make_offline_checkpoint(args.checkpoint, args.hf_dir, args.output))

@@ -10,6 +10,7 @@ import os
 import platform
 import signal
 import sys
+import time
 
 import torch
 
@@ -19,6 +20,7 @@ from telemetry import logs
 from worker.config import ConfigError, load_config
 from worker.model import speed
 from worker.model.engine import Engine
+from worker.nodedir import NodeDir
 from worker.ranks import distributed, lockstep
 from worker.serving.coordinator import Coordinator, Unhealthy
 from worker.serving.registration import FatalQueueError
@@ -31,28 +33,40 @@ log = logging.getLogger("worker")
 COORDINATOR_RANK = 0
 
 
-def run(config_path: str, overrides: list[str] = ()) -> int:
+# Start errors that no restart can cure: the node stops instead of looping (worker/nodedir.py).
+PERMANENT = (ConfigError, SafetyLoadError, StorageConfigError, speed.SpeedConfigError)
+EXIT_PERMANENT = 2
+EXIT_REFUSED = 3
+
+
+def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None) -> int:
+    node = NodeDir(node_dir) if node_dir else None
+    if node and (reason := _ended(node)):
+        print(f"not starting: {reason}", file=sys.stderr)
+        return 0  # every rank of this group does the same, so torchrun ends instead of restarting
     try:
         cfg = load_config(config_path, overrides)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
-        return 2
+        return _permanent(node, EXIT_PERMANENT, f"config error: {e}")
     logs.configure(cfg.logging.level, cfg.logging.format, rank=int(os.environ.get("RANK", "0")))
     try:
         ctx = distributed.init_distributed(cfg.distributed, cfg.model.device, COORDINATOR_RANK, cfg.model.dtype)
-    except ConfigError as e:
-        log.critical("not starting: %s", e)
-        return 2
-    try:
         speed.check(cfg.speed, cfg.parallel, ctx.device, ctx.world_size)  # every rank, before registering
         coordinator = Coordinator.build(cfg, ctx) if ctx.is_coordinator else None
-    except (ConfigError, SafetyLoadError, StorageConfigError, speed.SpeedConfigError) as e:
+    except PERMANENT as e:
         # Fail closed: never register, never serve unchecked or undeliverable. torchrun stops the
         # other ranks.
         log.critical("not starting: %s", e)
-        return 2
-    _handle_signals(coordinator)
+        return _permanent(node, EXIT_PERMANENT, f"not starting: {e}")
+    stop = StopSignals(coordinator)
+    stop.install()
     try:
+        if node and _stop_before_serving(node, coordinator, ctx):
+            log.info("stopped before registering: a stop was requested while the group started")
+            node.record_drained()
+            distributed.close(ctx)
+            return 0
         devices = distributed.all_gather(_describe(ctx.device), ctx)
         if coordinator:
             coordinator.register(devices)
@@ -62,6 +76,8 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
         distributed.enter_serving(ctx, cfg.distributed)
         if coordinator:
             coordinator.serve(engine)
+            if node:
+                node.record_drained()
         else:
             log.info("follower stopped: %s", lockstep.follow(engine, ctx, cfg.parallel.mode))
     except distributed.CollectiveError as e:
@@ -70,7 +86,7 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
         return 1
     except FatalQueueError as e:
         log.critical("scheduler refused this worker: %s", e)
-        return 3
+        return _permanent(node, EXIT_REFUSED, f"scheduler refused this worker: {e}")
     except Unhealthy as e:
         # The followers have been told to stop; a non-zero exit makes torchrun restart the group.
         log.critical("unhealthy: %s; exiting for a restart", e)
@@ -80,16 +96,55 @@ def run(config_path: str, overrides: list[str] = ()) -> int:
     return 0
 
 
-def _handle_signals(coordinator: Coordinator | None) -> None:
-    def on_signal(signum, _frame):
-        if coordinator is None:
-            return  # followers stop when the coordinator broadcasts Shutdown
-        if coordinator.draining:
-            os._exit(128 + signum)  # second signal: stop now; leases expire and tasks are retried
-        coordinator.request_stop()
+def _ended(node: NodeDir) -> str | None:
+    if fatal := node.fatal():
+        return f"an earlier start failed for good ({fatal.message})"
+    if node.stop_requested():
+        return "node.sh was told to stop while the group restarted"
+    return None
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+
+def _permanent(node: NodeDir | None, code: int, message: str) -> int:
+    if node:
+        node.record_fatal(code, message)
+    return code
+
+
+def _stop_before_serving(node: NodeDir, coordinator: Coordinator | None, ctx) -> bool:
+    """Rank 0 decides for the group, so all ranks leave together: a stop that came while this
+    group started (the signal reached no rank, or only rank 0) ends it before it registers."""
+    decision = coordinator is not None and (coordinator.draining or node.stop_requested())
+    return bool(distributed.broadcast(decision, ctx))
+
+
+class StopSignals:
+    """SIGTERM or SIGINT drains; another one later stops at once (leases expire, tasks are retried).
+
+    One stop can arrive several times within milliseconds: SLURM signals every process of a step,
+    and torchrun forwards what it gets. Repeats within `same_stop_s` are that one stop, not an
+    operator insisting."""
+
+    def __init__(self, coordinator: Coordinator | None, same_stop_s: float = 1.0,
+                 clock=time.monotonic, exit=os._exit) -> None:
+        self._coordinator = coordinator
+        self._same_stop_s = same_stop_s
+        self._clock = clock
+        self._exit = exit
+        self._first: float | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+
+    def on_signal(self, signum: int, _frame=None) -> None:
+        if self._coordinator is None:
+            return  # followers stop when the coordinator broadcasts Shutdown
+        now = self._clock()
+        if self._first is None:
+            self._first = now
+            self._coordinator.request_stop()
+        elif now - self._first >= self._same_stop_s:
+            self._exit(128 + signum)
 
 
 def _describe(device: torch.device) -> DeviceInfo:
