@@ -19,7 +19,7 @@ def installed_copy(unit: str, tmp_path: Path) -> Path:
     """The unit as installed on this machine: this checkout for /opt/dit-worker, an existing user
     and environment file (verify checks that ExecStart is executable)."""
     env = tmp_path / "unit.env"
-    env.write_text((UNITS / "node.env").read_text())
+    env.write_text((UNITS / ("node.env" if unit == "dit-worker.service" else "scheduler.env")).read_text())
     # The scheduler unit runs the venv's dit-scheduler: the one of the Python running the tests.
     text = (UNITS / unit).read_text().replace("/opt/dit-worker/.venv/bin", str(Path(sys.executable).parent))
     text = text.replace("/opt/dit-worker", str(ROOT))
@@ -48,6 +48,23 @@ def test_the_worker_unit_drains_longer_than_node_sh_allows():
     drain = int(next(line.split("=")[1].split()[0] for line in env.splitlines() if line.startswith("DRAIN_S=")))
     assert "Restart=always" in unit and "KillMode=mixed" in unit and "EnvironmentFile=" in unit
     assert stop >= drain + 30 + 30  # the drain, torchrun's own 30 s, a margin
+
+
+def test_the_worker_unit_does_not_restart_what_no_restart_can_cure():
+    from worker.main import EXIT_PERMANENT, EXIT_REFUSED
+    from worker.preflight import EXIT_PERMANENT as CHECK_PERMANENT
+
+    unit = (UNITS / "dit-worker.service").read_text()
+    codes = next(line.split("=")[1].split() for line in unit.splitlines() if line.startswith("RestartPreventExitStatus="))
+    assert {int(c) for c in codes} == {EXIT_PERMANENT, EXIT_REFUSED, CHECK_PERMANENT}
+
+
+def test_the_scheduler_env_template_names_what_its_unit_uses():
+    unit = (UNITS / "dit-scheduler.service").read_text()
+    env = (UNITS / "scheduler.env").read_text()
+    for name in ("DIT_DB", "DIT_WORKER_TOKENS", "DIT_CLIENT_TOKENS"):
+        assert f"\n{name}=" in env
+    assert "${DIT_DB}" in unit and "EnvironmentFile=/etc/dit-worker/scheduler.env" in unit
 
 
 def fake_slurm(tmp_path: Path) -> dict[str, str]:
