@@ -4,7 +4,8 @@ Every call retries what a retry can fix (no answer, 5xx, 429 honouring Retry-Aft
 `retry_deadline_s`, then raises Unavailable or RateLimited; the other statuses map to one error each
 (client/errors.py). A submission carries an idempotency key (made here when the caller gives none),
 so a retried POST never makes a second task. Waiting uses the scheduler's long poll
-(`Prefer: wait=N`, `?wait_s=N`), not repeated polling.
+(`Prefer: wait=N`, `?wait_s=N`), not repeated polling; a wait that runs out raises TaskNotEnded,
+a task that failed or was cancelled TaskFailed, an image that cannot be fetched DownloadFailed.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import httpx
 from tenacity import AsyncRetrying, RetryError, Retrying, retry_if_exception_type, stop_after_delay
 from tenacity.wait import wait_random_exponential
 
-from client.errors import ClientError, RateLimited, Retryable, TaskFailed, Unavailable, raise_for
-from protocol import FINAL_STATUSES, QueueFigures, TaskView, WorkerView
+from client.errors import (ClientError, DownloadFailed, RateLimited, Retryable, TaskFailed, TaskNotEnded, Unavailable,
+                           raise_for)
+from protocol import FINAL_STATUSES, QueueFigures, TaskList, TaskView, WorkerView
 
 LONG_POLL_S = 60.0  # the most one wait call asks the scheduler for (it caps it too)
 _backoff = wait_random_exponential(multiplier=0.5, max=10)
@@ -60,11 +62,22 @@ def submit_body(prompt: str, *, width: int | None = None, height: int | None = N
 
 class _Common:
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
-                 retry_deadline_s: float = 60.0) -> None:
+                 retry_deadline_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.url = scheduler_url(url)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
         self._deadline_s = retry_deadline_s
+        self._clock = clock  # what `wait` measures its timeout with (tests move it by hand)
+
+    def _wait_end(self, timeout_s: float | None) -> float | None:
+        return None if timeout_s is None else self._clock() + timeout_s
+
+    def _next_poll_s(self, end: float | None, poll_s: float) -> float:
+        """The next long poll's wait: `poll_s`, or what is left of the whole wait when that is less."""
+        return poll_s if end is None else max(0.0, min(poll_s, end - self._clock()))
+
+    def _ran_out(self, end: float | None) -> bool:
+        return end is not None and self._clock() >= end
 
     def _retry_args(self) -> dict:
         return {"retry": retry_if_exception_type(Retryable), "stop": stop_after_delay(self._deadline_s),
@@ -88,12 +101,17 @@ def _transport_error(e: httpx.TransportError) -> Retryable:
     return Retryable(f"{type(e).__name__}: {e}")
 
 
+def _list_params(status: str | None, limit: int, offset: int) -> dict:
+    return {"limit": limit, "offset": offset, **({"status": status} if status else {})}
+
+
 class Client(_Common):
     """Synchronous client; a context manager (closes its connections)."""
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
-                 retry_deadline_s: float = 60.0, transport: httpx.BaseTransport | None = None) -> None:
-        super().__init__(url, token, timeout_s, retry_deadline_s)
+                 retry_deadline_s: float = 60.0, transport: httpx.BaseTransport | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(url, token, timeout_s, retry_deadline_s, clock)
         self._http = httpx.Client(base_url=self.url, headers=self._headers, transport=transport)
         # Signed URLs: no token sent to storage, redirects followed.
         self._files = httpx.Client(timeout=timeout_s, follow_redirects=True, transport=transport)
@@ -133,19 +151,24 @@ class Client(_Common):
         return TaskView(**self._call(self._request("GET", f"/v1/tasks/{task_id}", params=params, wait_s=wait_s)))
 
     def wait(self, task_id: str, timeout_s: float | None = None,
-             on_update: Callable[[TaskView], None] | None = None) -> TaskView:
-        """The task once it has ended (long polls, one after another); ClientError after `timeout_s`."""
-        end = None if timeout_s is None else time.monotonic() + timeout_s
+             on_update: Callable[[TaskView], None] | None = None, poll_s: float = LONG_POLL_S) -> TaskView:
+        """The task once it has ended (long polls, one after another); TaskNotEnded after `timeout_s`.
+        A long poll answers at once when the task ends; a shorter `poll_s` only calls `on_update`
+        more often (a progress display that shows the task's state as it changes)."""
+        end = self._wait_end(timeout_s)
         while True:
-            left = LONG_POLL_S if end is None else min(LONG_POLL_S, end - time.monotonic())
-            task = self.get(task_id, wait_s=max(0.0, left))
+            task = self.get(task_id, wait_s=self._next_poll_s(end, poll_s))
             if on_update:
                 on_update(task)
             if task.status in FINAL_STATUSES:
                 return task
-            if end is not None and time.monotonic() >= end:
-                raise ClientError(f"task {task_id} is still {task.status} after {timeout_s:g}s; "
-                                  f"`dit status {task_id}` shows it later, `dit cancel {task_id}` stops it")
+            if self._ran_out(end):
+                raise TaskNotEnded(task, timeout_s)
+
+    def list_tasks(self, status: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskView]:
+        """Tasks in submission order, oldest first (the scheduler's order), `limit` from `offset`."""
+        params = _list_params(status, limit, offset)
+        return TaskList(**self._call(self._request("GET", "/v1/tasks", params=params))).tasks
 
     def cancel(self, task_id: str) -> TaskView:
         return TaskView(**self._call(self._request("POST", f"/v1/tasks/{task_id}/cancel")))
@@ -156,9 +179,13 @@ class Client(_Common):
     def workers(self) -> list[WorkerView]:
         return [WorkerView(**w) for w in self._call(self._request("GET", "/v1/workers"))]
 
-    def download(self, task: TaskView, path: str | Path) -> Path:
+    def download(self, task: str | TaskView, path: str | Path) -> Path:
         """The task's image to `path`, from its signed URL, a local file or GCS; checked against its
-        sha256. TaskFailed if the task did not succeed."""
+        sha256. `task` is a TaskView or an id (then fetched first, without waiting). TaskFailed if it
+        failed or was cancelled, TaskNotEnded if it has not ended, DownloadFailed if the image
+        cannot be fetched from here."""
+        if isinstance(task, str):
+            task = self.get(task)
         path, result = _target(task, path)
         if result.url and result.url.startswith("https://"):
             with self._files.stream("GET", result.url) as resp:
@@ -175,8 +202,9 @@ class AsyncClient(_Common):
     """The same calls for asyncio; an async context manager."""
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0,
-                 retry_deadline_s: float = 60.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        super().__init__(url, token, timeout_s, retry_deadline_s)
+                 retry_deadline_s: float = 60.0, transport: httpx.AsyncBaseTransport | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(url, token, timeout_s, retry_deadline_s, clock)
         self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers, transport=transport)
         self._files = httpx.AsyncClient(timeout=timeout_s, follow_redirects=True, transport=transport)
 
@@ -215,17 +243,20 @@ class AsyncClient(_Common):
                                                          wait_s=wait_s)))
 
     async def wait(self, task_id: str, timeout_s: float | None = None,
-                   on_update: Callable[[TaskView], None] | None = None) -> TaskView:
-        end = None if timeout_s is None else time.monotonic() + timeout_s
+                   on_update: Callable[[TaskView], None] | None = None, poll_s: float = LONG_POLL_S) -> TaskView:
+        end = self._wait_end(timeout_s)
         while True:
-            left = LONG_POLL_S if end is None else min(LONG_POLL_S, end - time.monotonic())
-            task = await self.get(task_id, wait_s=max(0.0, left))
+            task = await self.get(task_id, wait_s=self._next_poll_s(end, poll_s))
             if on_update:
                 on_update(task)
             if task.status in FINAL_STATUSES:
                 return task
-            if end is not None and time.monotonic() >= end:
-                raise ClientError(f"task {task_id} is still {task.status} after {timeout_s:g}s")
+            if self._ran_out(end):
+                raise TaskNotEnded(task, timeout_s)
+
+    async def list_tasks(self, status: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskView]:
+        params = _list_params(status, limit, offset)
+        return TaskList(**await self._call(self._request("GET", "/v1/tasks", params=params))).tasks
 
     async def cancel(self, task_id: str) -> TaskView:
         return TaskView(**await self._call(self._request("POST", f"/v1/tasks/{task_id}/cancel")))
@@ -236,7 +267,9 @@ class AsyncClient(_Common):
     async def workers(self) -> list[WorkerView]:
         return [WorkerView(**w) for w in await self._call(self._request("GET", "/v1/workers"))]
 
-    async def download(self, task: TaskView, path: str | Path) -> Path:
+    async def download(self, task: str | TaskView, path: str | Path) -> Path:
+        if isinstance(task, str):
+            task = await self.get(task)
         path, result = _target(task, path)
         if result.url and result.url.startswith("https://"):
             async with self._files.stream("GET", result.url) as resp:
@@ -253,6 +286,8 @@ class AsyncClient(_Common):
 
 
 def _target(task: TaskView, path: str | Path):
+    if task.status not in FINAL_STATUSES:
+        raise TaskNotEnded(task)
     if task.status != "succeeded" or task.result is None:
         raise TaskFailed(task)
     path = Path(path)
@@ -262,8 +297,9 @@ def _target(task: TaskView, path: str | Path):
 
 def _signed_url_ok(resp: httpx.Response) -> None:
     if resp.status_code >= 300:
-        raise ClientError(f"the result's signed URL answered {resp.status_code}: it may have expired (it lasts "
-                          "storage.gcs.signed_url_ttl_s from the upload); download the gs:// object with credentials")
+        raise DownloadFailed(f"the result's signed URL answered {resp.status_code}: it may have expired (it "
+                             "lasts storage.gcs.signed_url_ttl_s from the upload); download the gs:// object with "
+                             "credentials")
 
 
 def _copy_stored(uri: str, path: Path) -> None:
@@ -272,22 +308,30 @@ def _copy_stored(uri: str, path: Path) -> None:
     if uri.startswith("file://"):
         src = Path(unquote(urlparse(uri).path))
         if not src.exists():
-            raise ClientError(f"{uri} is not on this machine; run the client where the results are, or configure "
-                              "the worker to store in GCS with signed URLs (storage.gcs.signed_url_ttl_s)")
+            raise DownloadFailed(f"{uri} is not on this machine; run the client where the results are, or "
+                                 "configure the worker to store in GCS with signed URLs (storage.gcs.signed_url_ttl_s)")
         shutil.copyfile(src, path)
     elif uri.startswith("gs://"):
+        _copy_from_gcs(uri, path)
+    else:
+        raise DownloadFailed(f"cannot download {uri}: not file://, gs:// or a signed https URL")
+
+
+def _copy_from_gcs(uri: str, path: Path) -> None:
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    try:
         from google.cloud import storage  # only where GCS results are downloaded
 
-        bucket, _, name = uri.removeprefix("gs://").partition("/")
         storage.Client().bucket(bucket).blob(name).download_to_filename(str(path))
-    else:
-        raise ClientError(f"cannot download {uri}: not file://, gs:// or a signed https URL")
+    except Exception as e:  # no credentials, no access, no object: all mean "not from here, not now"
+        raise DownloadFailed(f"{uri}: {type(e).__name__}: {e}; check the Application Default Credentials "
+                             "(gcloud auth application-default login) and their access to the bucket") from e
 
 
 def _verified(path: Path, result) -> Path:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != result.sha256:
         path.unlink(missing_ok=True)
-        raise ClientError(f"the downloaded bytes do not match the result's sha256 ({digest} != {result.sha256}); "
-                          "try again")
+        raise DownloadFailed(f"the downloaded bytes do not match the result's sha256 ({digest} != "
+                             f"{result.sha256}); try again")
     return path

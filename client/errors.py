@@ -47,6 +47,21 @@ class TaskFailed(ClientError):
         self.task = task
 
 
+class TaskNotEnded(ClientError):
+    """The task is still queued or running: a wait ran out, or its result was asked for too early.
+    Nothing is wrong with it; ask again later. `task` is the task as last seen."""
+
+    def __init__(self, task, waited_s: float | None = None) -> None:
+        after = f" after {waited_s:g}s" if waited_s is not None else ": it has no result yet"
+        super().__init__(f"task {task.id} is still {task.status}{after}")
+        self.task = task
+
+
+class DownloadFailed(ClientError):
+    """The task succeeded but its image could not be fetched here: a signed URL that expired, a
+    file on another machine, storage that refused, or bytes that do not match the sha256."""
+
+
 def _detail(resp: httpx.Response) -> str:
     try:
         detail = resp.json().get("detail", resp.text)

@@ -10,10 +10,11 @@ import json
 import httpx
 import pytest
 
-from client import (AsyncClient, AuthError, Client, Conflict, InvalidRequest, RateLimited, TaskFailed, TaskNotFound,
-                    Unavailable)
+from client import (AsyncClient, AuthError, Client, Conflict, DownloadFailed, InvalidRequest, RateLimited, TaskFailed,
+                    TaskNotEnded, TaskNotFound, Unavailable)
 from client.api import scheduler_url
 from client.errors import ClientError
+from tests.harness import Clock
 
 TASK = {"id": "t1", "status": "queued", "input": {"prompt": "x"}, "priority": 0, "attempts": 0, "max_attempts": 3,
         "idempotency_key": "k", "worker_id": None, "result": None, "error": None, "created_at": 1.0,
@@ -91,14 +92,76 @@ def test_download_checks_the_bytes_and_refuses_a_task_without_a_result(tmp_path)
 
     assert dit.download(TaskView(**ok), tmp_path / "out" / "x.png").read_bytes() == b"\x89PNG data"
     bad = TaskView(**{**ok, "result": {**ok["result"], "sha256": "0" * 64}})
-    with pytest.raises(ClientError, match="do not match"):
+    with pytest.raises(DownloadFailed, match="do not match"):
         dit.download(bad, tmp_path / "y.png")
     assert not (tmp_path / "y.png").exists()
-    with pytest.raises(TaskFailed, match="t1 queued"):
+    with pytest.raises(TaskNotEnded, match="t1 is still queued: it has no result yet"):
         dit.download(TaskView(**TASK), tmp_path / "z.png")
+    failed = {**TASK, "status": "failed", "error": {"code": "unsafe_prompt", "message": "no", "retryable": False}}
+    with pytest.raises(TaskFailed, match="t1 failed: unsafe_prompt: no"):
+        dit.download(TaskView(**failed), tmp_path / "z.png")
+    assert not (tmp_path / "z.png").exists()
     gone = TaskView(**{**ok, "result": {**ok["result"], "uri": "file:///nowhere/x.png"}})
-    with pytest.raises(ClientError, match="not on this machine"):
+    with pytest.raises(DownloadFailed, match="not on this machine"):
         dit.download(gone, tmp_path / "w.png")
+
+
+def test_a_wait_that_runs_out_raises_task_not_ended_with_the_task_as_last_seen():
+    clock, asked = Clock(), []
+
+    def long_poll(request: httpx.Request) -> httpx.Response:  # answers after the whole wait, task unchanged
+        asked.append(float(request.url.params["wait_s"]))
+        clock.now += asked[-1]
+        return httpx.Response(200, json={**TASK, "status": "processing", "worker_id": "w1"})
+
+    dit = Client("http://q", transport=httpx.MockTransport(long_poll), clock=clock)
+    with pytest.raises(TaskNotEnded, match="t1 is still processing after 50s") as e:
+        dit.wait("t1", timeout_s=50, poll_s=30)
+    assert e.value.task.worker_id == "w1" and isinstance(e.value, ClientError)
+    assert asked == [30, 20]  # polls of poll_s, the last cut to what was left
+
+
+def _succeeded(tmp_path, data: bytes = b"\x89PNG by id") -> dict:
+    src = tmp_path / "src.png"
+    src.write_bytes(data)
+    return {**TASK, "status": "succeeded", "result": {"uri": src.as_uri(), "content_type": "image/png", "width": 1,
+                                                      "height": 1, "seed": 1, "bytes": len(data),
+                                                      "sha256": hashlib.sha256(data).hexdigest()}}
+
+
+def test_download_by_id_fetches_the_task_first_in_both_clients(tmp_path):
+    seen: list[httpx.Request] = []
+    done = _succeeded(tmp_path)
+    assert client([httpx.Response(200, json=done)], seen).download("t1", tmp_path / "a.png").read_bytes() == \
+        b"\x89PNG by id"
+    assert seen[0].url.path == "/v1/tasks/t1" and "wait_s" not in seen[0].url.params  # no waiting
+
+    async def go():
+        transport = scripted([httpx.Response(200, json=done), httpx.Response(404, json={"detail": "no task t9"})], [])
+        async with AsyncClient("http://q", retry_deadline_s=2, transport=transport) as dit:
+            path = await dit.download("t1", tmp_path / "b.png")
+            with pytest.raises(TaskNotFound):
+                await dit.download("t9", tmp_path / "c.png")
+        return path
+
+    assert asyncio.run(go()).read_bytes() == b"\x89PNG by id"
+
+
+def test_list_tasks_passes_the_filters_and_returns_task_views():
+    seen: list[httpx.Request] = []
+    page = {"tasks": [TASK, {**TASK, "id": "t2"}]}
+    tasks = client([httpx.Response(200, json=page)], seen).list_tasks(status="queued", limit=2, offset=4)
+    assert [t.id for t in tasks] == ["t1", "t2"] and tasks[0].status == "queued"
+    assert seen[0].url.path == "/v1/tasks" and dict(seen[0].url.params) == {"status": "queued", "limit": "2",
+                                                                             "offset": "4"}
+
+    async def go():
+        seen_async: list[httpx.Request] = []
+        async with AsyncClient("http://q", transport=scripted([httpx.Response(200, json=page)], seen_async)) as dit:
+            return await dit.list_tasks(), seen_async
+
+    tasks, seen_async = asyncio.run(go())
+    assert len(tasks) == 2 and "status" not in seen_async[0].url.params
 
 
 def test_the_async_client_maps_and_retries_the_same_way():
@@ -128,7 +191,7 @@ def test_download_from_a_signed_url_sends_no_token(tmp_path):
     assert dit.download(task, tmp_path / "x.png").read_bytes() == data
     assert str(seen[0].url) == url and "Authorization" not in seen[0].headers
     expired = client([httpx.Response(403, text="<Error>ExpiredToken</Error>")])
-    with pytest.raises(ClientError, match="signed URL answered 403: it may have expired"):
+    with pytest.raises(DownloadFailed, match="signed URL answered 403: it may have expired"):
         expired.download(task, tmp_path / "y.png")
 
 
