@@ -1,11 +1,12 @@
 """`dit`: the queue from a terminal.
 
     dit submit "a lighthouse at dawn" --size 1360x768 --wait -o out.png
-    dit status ID            dit cancel ID            dit watch
+    dit list --status queued        dit status ID          dit download ID -o out.png
+    dit cancel ID                   dit watch
 
 The scheduler's address and the client token come from --url / --token or DIT_URL / DIT_TOKEN.
-Exit status: 0 done; 1 the task failed or was cancelled; 2 a usage error or a refused request;
-3 the scheduler unreachable or the token refused.
+What scripts read (ids, paths, URLs, `list` and `status` lines) goes to stdout as whole lines, piped
+or not; messages go to stderr, and the progress of a wait only to a terminal.
 """
 
 from __future__ import annotations
@@ -14,39 +15,99 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
+from enum import IntEnum
+from pathlib import Path
+from typing import get_args
+from urllib.parse import urlparse
 
 from rich.console import Console
 from rich.live import Live
+from rich.spinner import Spinner
 from rich.table import Table
+from rich.text import Text
 
 from client.api import Client, scheduler_url
-from client.errors import AuthError, ClientError, Conflict, InvalidRequest, TaskFailed, TaskNotFound, Unavailable
-from protocol import TaskView
+from client.errors import (ClientError, Conflict, DownloadFailed, InvalidRequest, TaskFailed, TaskNotEnded,
+                           TaskNotFound)
+from protocol import FINAL_STATUSES, QueueFigures, TaskList, TaskStatus, TaskView, WorkerView
 
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines, to copy and grep
 out = Console()
 
+HINT_AFTER_S = 5.0  # queued this long with no ready worker: say how to get one
+TERMINAL_POLL_S = 2.0  # on a terminal, the state shown is at most this old (an ended task shows at once)
+
+
+class Exit(IntEnum):
+    """Every command's exit status, in one place: what a script can tell apart without reading stderr."""
+
+    OK = 0
+    TASK_FAILED = 1
+    USAGE = 2
+    UNAVAILABLE = 3
+    NOT_FOUND = 4
+    DOWNLOAD_FAILED = 5
+    NOT_ENDED = 124  # as timeout(1): the wait ran out, the task goes on
+    INTERRUPTED = 130  # as a shell reports Ctrl-C
+
+
+EXIT_MEANINGS = {
+    Exit.OK: "done: the task succeeded, or the command did what it says",
+    Exit.TASK_FAILED: "the task failed or was cancelled (stderr says why)",
+    Exit.USAGE: "a usage error, or a request the scheduler refused as wrong (e.g. cancelling an ended task)",
+    Exit.UNAVAILABLE: "the scheduler unreachable or failing past --retry-deadline, the token refused, or rate limited",
+    Exit.NOT_FOUND: "no such task: a wrong id, or one removed after the scheduler's retention",
+    Exit.DOWNLOAD_FAILED: "the task succeeded but its image could not be fetched or written here",
+    Exit.NOT_ENDED: "the task is still queued or running: a wait ran out (--timeout, --wait-s) or it has no result yet",
+    Exit.INTERRUPTED: "interrupted (Ctrl-C); the task goes on",
+}
+
+# Each error's exit status; the first match wins, so subclasses come before their bases.
+EXIT_FOR: tuple[tuple[type | tuple[type, ...], Exit], ...] = (
+    (TaskNotEnded, Exit.NOT_ENDED),
+    (TaskFailed, Exit.TASK_FAILED),
+    (TaskNotFound, Exit.NOT_FOUND),
+    ((InvalidRequest, Conflict), Exit.USAGE),
+    ((DownloadFailed, OSError), Exit.DOWNLOAD_FAILED),  # OSError: the output file could not be written
+    (ClientError, Exit.UNAVAILABLE),  # AuthError, Unavailable, RateLimited, an answer this client does not know
+)
+
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(argv)  # a usage error exits 2 here
     try:
         with Client(args.url, args.token, retry_deadline_s=args.retry_deadline) as dit:
             return COMMANDS[args.command](dit, args)
-    except (AuthError, Unavailable) as e:
-        err.print(f"[red]error:[/] {e}")
-        return 3
-    except (InvalidRequest, Conflict, TaskNotFound) as e:
-        err.print(f"[red]error:[/] {e}")
-        return 2
-    except TaskFailed as e:
-        err.print(f"[red]{e}[/]")
-        return 1
-    except ClientError as e:
-        err.print(f"[red]error:[/] {e}")
-        return 1
+    except (ClientError, OSError) as e:
+        return _failed(e)
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
+
+
+def _failed(e: Exception) -> Exit:
+    code = next(code for kinds, code in EXIT_FOR if isinstance(e, kinds))
+    # Text, not markup: messages quote ids, paths and the scheduler's words, which may hold [brackets].
+    label = "" if code == Exit.TASK_FAILED else "error: "
+    err.print(Text.assemble((label, "red"), (str(e), "red" if code == Exit.TASK_FAILED else "")))
+    if isinstance(e, TaskNotEnded):
+        err.print(_resume_hint(e.task.id), markup=False, highlight=False)
+    return code
+
+
+def _resume_hint(task_id: str) -> str:
+    return (f"it goes on: `dit status {task_id}` shows it, `dit download {task_id} --wait -o FILE` fetches the "
+            f"image once it has succeeded, `dit cancel {task_id}` stops it")
+
+
+def _line(text: str) -> None:
+    """One whole line to stdout: never cut or wrapped at the terminal's (or a pipe's 80) columns, and
+    nothing in it read as markup or emoji codes."""
+    out.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------- submit, download
 
 
 def submit(dit: Client, args) -> int:
@@ -54,30 +115,179 @@ def submit(dit: Client, args) -> int:
     task = dit.submit(args.prompt, width=width, height=height, steps=args.steps, seed=args.seed,
                       output_format=args.format, priority=args.priority)
     if not (args.wait or args.output):  # a file asked for is a result waited for
-        out.print(task.id)
-        return 0
-    with err.status(f"{task.id}: {task.status}") as spinner:
-        t0 = time.monotonic()
-
-        def update(t: TaskView) -> None:
-            spinner.update(f"{t.id}: {t.status} ({time.monotonic() - t0:.0f}s)")
-
-        task = dit.wait(task.id, timeout_s=args.timeout, on_update=update)
+        _line(task.id)
+        return Exit.OK
+    task = _await(dit, task, args.timeout)
     if task.status != "succeeded":
         raise TaskFailed(task)
     r = task.result
     err.print(f"[green]{task.id} succeeded[/] in {task.finished_at - task.created_at:.1f}s: "
               f"{r.width}x{r.height}, seed {r.seed}")
-    if args.output:
-        out.print(str(dit.download(task, args.output)))
-    else:
-        out.print(r.url or r.uri)
-    return 0
+    _line(str(dit.download(task, args.output)) if args.output else (r.url or r.uri))
+    return Exit.OK
+
+
+def download(dit: Client, args) -> int:
+    """A task's image by id: after `dit submit` without --wait, or a wait that ran out."""
+    task = dit.get(args.id)
+    if args.wait:
+        task = _await(dit, task, args.timeout)
+    _line(str(dit.download(task, args.output or _default_name(task))))
+    return Exit.OK
+
+
+_SUFFIXES = {"image/png": ".png", "image/webp": ".webp", "image/jpeg": ".jpg"}
+
+
+def _default_name(task: TaskView) -> str:
+    """ID.png (or the format the task was made in) in the current folder."""
+    if task.result is None:  # no image: download() says why before any file is made
+        return task.id
+    suffix = _SUFFIXES.get(task.result.content_type) or Path(urlparse(task.result.uri).path).suffix
+    return f"{task.id}{suffix}"
+
+
+def _await(dit: Client, task: TaskView, timeout_s: float) -> TaskView:
+    """The task once it has ended. On a terminal, with a live view of what it is doing; piped,
+    silently, so that a log holds only the result lines."""
+    if not err.is_terminal:
+        return dit.wait(task.id, timeout_s=timeout_s)
+    view = WaitView(task)
+    with Live(view, console=err, transient=True, refresh_per_second=4) as live:
+        def update(t: TaskView) -> None:
+            view.task = t
+            if t.status == "queued":  # where it stands, and whether anything can serve it
+                view.figures, view.workers = _surroundings(dit)
+            live.refresh()
+
+        try:
+            update(task)
+            return dit.wait(task.id, timeout_s=timeout_s, on_update=update, poll_s=TERMINAL_POLL_S)
+        except BaseException:
+            live.transient = False  # the last state (and hint) stays above the error
+            raise
+
+
+def _surroundings(dit: Client) -> tuple[QueueFigures | None, list[WorkerView] | None]:
+    """The queue and the workers, for the display only: a scheduler that does not serve them (another
+    implementation of the protocol) costs the display, not the wait."""
+    try:
+        return dit.queue(), dit.workers()
+    except ClientError:
+        return None, None
+
+
+class WaitView:
+    """What a wait shows on a terminal: seconds since it began, the task's state and worker, its
+    place in the queue, and a hint when no worker is ready to serve it. rich renders it on each
+    refresh, so the seconds tick between the scheduler's answers."""
+
+    def __init__(self, task: TaskView, clock: Callable[[], float] = time.monotonic) -> None:
+        self.task = task
+        self.figures: QueueFigures | None = None
+        self.workers: list[WorkerView] | None = None
+        self._clock, self._t0 = clock, clock()
+        self._spinner = Spinner("dots")  # one spinner, so that it turns instead of restarting
+
+    def text(self) -> str:
+        t = self.task
+        parts = [f"{t.id}: {t.status}", f"{self._clock() - self._t0:.0f}s"]
+        if t.worker_id and t.status in ("leased", "processing"):
+            parts.append(f"worker {t.worker_id}")
+        if t.attempts > 1:
+            parts.append(f"attempt {t.attempts} of {t.max_attempts}")
+        if t.status == "queued" and self.figures is not None:
+            parts.append(_position(self.figures, t.priority))
+        hint = self.hint()
+        return " · ".join(parts) + (f"\n{hint}" if hint else "")
+
+    def hint(self) -> str | None:
+        waited = self._clock() - self._t0
+        if self.task.status != "queued" or self.workers is None or waited < HINT_AFTER_S:
+            return None
+        if any(w.status == "ready" for w in self.workers):
+            return None
+        starting = sum(w.status == "initializing" for w in self.workers)
+        note = f" ({starting} starting)" if starting else ""
+        return f"no worker is ready{note}: start one with `make node` or check `dit watch`"
+
+    def __rich__(self) -> Spinner:
+        self._spinner.update(text=Text(self.text()))
+        return self._spinner
+
+
+def _position(q: QueueFigures, priority: int) -> str:
+    """Where a queued task stands. Tasks at a higher priority are ahead of it; those at its own may
+    be on either side (the figures do not say), so a range unless that is exact."""
+    by = {int(p): n for p, n in q.queued_by_priority.items()}
+    first = sum(n for p, n in by.items() if p > priority) + 1
+    last = max(first, sum(n for p, n in by.items() if p >= priority))
+    where = f"{first}" if first == last else f"{first}-{last}"
+    return f"position {where} of {q.queued} queued"
+
+
+# ---------------------------------------------------------------- list, status, cancel
+
+
+def list_tasks(dit: Client, args) -> int:
+    """One line per task, oldest first (the scheduler's order); --json: GET /v1/tasks's answer."""
+    tasks = dit.list_tasks(args.status, args.limit, args.offset)
+    if args.json:
+        _line(TaskList(tasks=tasks).model_dump_json())
+        return Exit.OK
+    on_terminal = out.is_terminal
+    for line in _list_lines(tasks, out.width if on_terminal else None, header=on_terminal):
+        _line(line)
+    if not tasks and err.is_terminal:
+        err.print("no tasks" + (f" {args.status}" if args.status else ""))
+    elif len(tasks) == args.limit and err.is_terminal:
+        err.print(f"more after these: --offset {args.offset + args.limit}", highlight=False)
+    return Exit.OK
+
+
+LIST_HEADER = ("ID", "STATUS", "CREATED (UTC)", "SIZE", "PROMPT")
+
+
+def _list_lines(tasks: list[TaskView], width: int | None, header: bool = False) -> list[str]:
+    """Columns id, status, created, size, prompt. With a `width` (a terminal) the prompt is cut to
+    fit; without (piped) it is whole, for grep and awk. Each field but the prompt is one word."""
+    rows = [(t.id, t.status, _when(t.created_at), _size_of(t), _one_line(str(t.input.get("prompt", ""))))
+            for t in tasks]
+    if header and rows:
+        rows.insert(0, LIST_HEADER)
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
+    lines = []
+    for *fixed, prompt in rows:
+        head = "  ".join(f.ljust(w) for f, w in zip(fixed, widths)) + "  "
+        lines.append(head + (prompt if width is None else _cut(prompt, width - len(head))))
+    return lines
+
+
+def _size_of(task: TaskView) -> str:
+    """The image's size once made, else the one asked for; "-" for the worker's default."""
+    if task.result:
+        return f"{task.result.width}x{task.result.height}"
+    w, h = task.input.get("width"), task.input.get("height")
+    return f"{w}x{h}" if w and h else "-"
+
+
+def _one_line(text: str) -> str:
+    """A prompt as one line of printable text: newlines, tabs and escape codes become spaces."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+def _cut(text: str, room: int) -> str:
+    cut = Text(text)
+    cut.truncate(max(room, 10), overflow="ellipsis")  # in terminal cells: wide characters count twice
+    return cut.plain
 
 
 def status(dit: Client, args) -> int:
     """One "key value" line each, never cut: ids, paths and URLs are copied from here, piped or not."""
-    task = dit.get(args.id, wait_s=args.wait_s)
+    try:
+        task = dit.wait(args.id, timeout_s=args.wait_s) if args.wait_s > 0 else dit.get(args.id)
+    except TaskNotEnded as e:
+        task = e.task  # shown as it stands; the exit status says the wait ran out
     rows = [("id", task.id), ("status", task.status), ("attempts", task.attempts), ("worker_id", task.worker_id)]
     rows += [(key, _when(getattr(task, key))) for key in ("created_at", "started_at", "finished_at", "expires_at")]
     if task.result:
@@ -85,8 +295,10 @@ def status(dit: Client, args) -> int:
     if task.error:
         rows.append(("error", f"{task.error.code}: {task.error.message}"))
     for key, value in rows:
-        out.print(f"{key:<12}{'-' if value is None else value}", markup=False, highlight=False, soft_wrap=True)
-    return 1 if task.status in ("failed", "cancelled") else 0
+        _line(f"{key:<12}{'-' if value is None else value}")
+    if task.status in ("failed", "cancelled"):
+        return Exit.TASK_FAILED
+    return Exit.NOT_ENDED if args.wait_s > 0 and task.status not in FINAL_STATUSES else Exit.OK
 
 
 def _when(epoch: float | None) -> str | None:
@@ -99,10 +311,13 @@ def _when(epoch: float | None) -> str | None:
 def cancel(dit: Client, args) -> int:
     task = dit.cancel(args.id)
     if task.status == "cancelled":
-        out.print(f"{task.id} cancelled")
+        _line(f"{task.id} cancelled")
     else:
-        out.print(f"{task.id} marked for cancellation ({task.status}); it ends cancelled once its worker hears")
-    return 0
+        _line(f"{task.id} marked for cancellation ({task.status}); it ends cancelled once its worker hears")
+    return Exit.OK
+
+
+# ---------------------------------------------------------------- watch
 
 
 def watch(dit: Client, args) -> int:
@@ -112,7 +327,7 @@ def watch(dit: Client, args) -> int:
             time.sleep(args.interval)
             live.update(_dashboard(dit))
             shown += 1
-    return 0
+    return Exit.OK
 
 
 def _dashboard(dit: Client) -> Table:
@@ -140,7 +355,11 @@ def _dashboard(dit: Client) -> Table:
     return outer
 
 
-COMMANDS = {"submit": submit, "status": status, "cancel": cancel, "watch": watch}
+COMMANDS = {"submit": submit, "list": list_tasks, "status": status, "download": download, "cancel": cancel,
+            "watch": watch}
+
+
+# ---------------------------------------------------------------- arguments
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -158,8 +377,13 @@ def _url(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _exit_help() -> str:
+    return "exit status:\n" + "\n".join(f"  {int(code):<5}{meaning}" for code, meaning in EXIT_MEANINGS.items())
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="dit", description=__doc__, epilog=_exit_help(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", type=_url, default=os.environ.get("DIT_URL", "http://127.0.0.1:8700"),
                    help="the scheduler (DIT_URL); host:port means http://host:port")
     p.add_argument("--token", default=os.environ.get("DIT_TOKEN"), help="a client token (DIT_TOKEN)")
@@ -172,12 +396,23 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int)
     s.add_argument("--format", choices=("png", "webp", "jpeg"))
     s.add_argument("--priority", type=int, default=0)
-    s.add_argument("--wait", action="store_true", help="wait for the task to end, showing its progress")
-    s.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
+    s.add_argument("--wait", action="store_true", help="wait for the task to end, showing its progress on a terminal")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600; then exit 124)")
     s.add_argument("-o", "--output", help="download the image here (waits, as --wait does)")
+    ls = sub.add_parser("list", help="tasks, one line each, oldest first")
+    ls.add_argument("--status", choices=get_args(TaskStatus))
+    ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100, up to 1000)")
+    ls.add_argument("--offset", type=int, default=0, help="skip this many first (paging)")
+    ls.add_argument("--json", action="store_true", help='GET /v1/tasks\'s answer, {"tasks": [...]}, for scripts')
     st = sub.add_parser("status", help="a task's state")
     st.add_argument("id")
-    st.add_argument("--wait-s", type=float, default=0.0, help="wait up to this long for it to end first")
+    st.add_argument("--wait-s", type=float, default=0.0,
+                    help="wait up to this long for it to end first (then exit 124)")
+    d = sub.add_parser("download", help="a task's image, by id")
+    d.add_argument("id")
+    d.add_argument("-o", "--output", help="the file (default: ID.png, or the task's format, here)")
+    d.add_argument("--wait", action="store_true", help="wait for the task to end first")
+    d.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600; then exit 124)")
     c = sub.add_parser("cancel", help="cancel a task")
     c.add_argument("id")
     w = sub.add_parser("watch", help="a live table of the queue and the workers")

@@ -1,18 +1,29 @@
-"""`dit` as users run it (a subprocess), against the real scheduler on 127.0.0.1 with no worker."""
+"""`dit` as users run it (a subprocess), against the real scheduler on 127.0.0.1 with no worker; where a
+task must end, the test plays the worker over HTTP (`serve`)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from rich.console import Console
 
+from client import cli
 from launch.local import free_port, start_scheduler
+from protocol import QueueFigures, TaskView, WorkerView
+from tests.harness import Clock, register
 
 DIT = str(Path(sys.executable).with_name("dit"))
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+TOP = "1000"  # the highest priority: what `serve` leases first is the test's own task
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +35,37 @@ def url(tmp_path_factory):
     proc.stop()
 
 
-def dit(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DIT_URL": url, "COLUMNS": "120"}
-    return subprocess.run([DIT, *args], capture_output=True, text=True, timeout=timeout, env=env)
+def env(url: str) -> dict:
+    return {**os.environ, "DIT_URL": url, "COLUMNS": "120"}
+
+
+def dit(url: str, *args: str, timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([DIT, *args], capture_output=True, text=True, timeout=timeout, env=env(url), cwd=cwd)
+
+
+def serve(url: str, report: dict, wait_s: float = 0.0) -> str:
+    """Plays a worker for one task: leases the first queued (waiting up to `wait_s` for one) and
+    reports `report` on it. The task's id."""
+    with httpx.Client(base_url=url, timeout=wait_s + 10) as http:
+        wid = register(http)
+        (lease,) = http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1, "wait_s": wait_s}).json()["leases"]
+        done = http.post(f"/v1/tasks/{lease['task_id']}/report",
+                         json={"worker_id": wid, "lease_token": lease["lease_token"], **report})
+        assert done.status_code == 200, done.text
+        return lease["task_id"]
+
+
+def made(tmp_path: Path, data: bytes = b"\x89PNG made by a test", uri: str | None = None) -> dict:
+    """A succeeded report whose image is a file here (or `uri`, which may be nowhere)."""
+    src = tmp_path / "made.png"
+    src.write_bytes(data)
+    return {"status": "succeeded", "result": {
+        "uri": uri or src.as_uri(), "content_type": "image/png", "width": 384, "height": 256, "seed": 7,
+        "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
+
+
+REFUSED = {"status": "failed", "error": {"code": "unsafe_prompt", "message": "the prompt was refused",
+                                         "retryable": False}}
 
 
 def test_submit_status_and_cancel(url):
@@ -37,7 +76,7 @@ def test_submit_status_and_cancel(url):
     assert status.returncode == 0 and "queued" in status.stdout
     lines = dict(line.split(None, 1) for line in status.stdout.splitlines())  # piped: whole lines
     assert lines["id"] == task_id and lines["started_at"] == "-"
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", lines["created_at"])
+    assert re.fullmatch(ISO, lines["created_at"])
     cancel = dit(url, "cancel", task_id)
     assert cancel.returncode == 0 and f"{task_id} cancelled" in cancel.stdout
     again = dit(url, "cancel", task_id)
@@ -54,19 +93,26 @@ def test_a_url_without_scheme_is_http_and_a_wrong_one_fails_at_once(url):
     assert wrong.returncode == 2 and "not an http(s) address of the scheduler" in wrong.stderr
 
 
-def test_a_wait_that_times_out_says_what_to_do_next(url):
+def test_a_wait_that_times_out_has_its_own_exit_status_and_says_how_to_resume(url):
     out = dit(url, "submit", "nobody serves this", "--wait", "--timeout", "1")
-    assert out.returncode == 1 and "is still queued after 1s" in out.stderr and "dit cancel" in out.stderr
+    assert out.returncode == 124  # not 1: the task has not failed, it goes on
+    task_id = out.stderr.split()[2]
+    error, hint = out.stderr.splitlines()  # piped: no progress, only what to read
+    assert error == f"error: task {task_id} is still queued after 1s"
+    assert f"`dit status {task_id}`" in hint and f"`dit download {task_id} --wait -o FILE`" in hint
+    assert f"`dit cancel {task_id}`" in hint
+    waited = dit(url, "status", task_id, "--wait-s", "0.5")
+    assert waited.returncode == 124 and "queued" in waited.stdout
 
 
 def test_an_output_file_means_waiting_for_it(url, tmp_path):
     out = dit(url, "submit", "nobody serves this", "-o", str(tmp_path / "f.png"), "--timeout", "1")
-    assert out.returncode == 1 and "is still queued after 1s" in out.stderr  # waited, did not exit 0
+    assert out.returncode == 124 and "is still queued after 1s" in out.stderr  # waited, did not exit 0
 
 
 def test_errors_name_what_to_do_and_set_the_exit_status(url):
     missing = dit(url, "status", "nope")
-    assert missing.returncode == 2 and "check the id" in missing.stderr
+    assert missing.returncode == 4 and "check the id" in missing.stderr
     bad = dit(url, "submit", "x", "--size", "big")
     assert bad.returncode == 2 and "is not WIDTHxHEIGHT" in bad.stderr
     down = dit(f"http://127.0.0.1:{free_port()}", "--retry-deadline", "0.5", "status", "x")
@@ -78,3 +124,128 @@ def test_watch_shows_the_queue_and_the_workers(url):
     out = dit(url, "watch", "--count", "1", "--interval", "0.1")
     assert out.returncode == 0, out.stderr
     assert "queued" in out.stdout and "p3: 1" in out.stdout and "workers" in out.stdout
+
+
+def test_every_exit_status_is_in_the_help():
+    help_text = cli._parser().format_help()
+    for code in cli.Exit:
+        assert re.search(rf"^  {int(code)} +\S", help_text, re.M), code
+
+
+def test_list_shows_one_whole_line_per_task_when_piped_and_json_for_scripts(url):
+    prompt = "a very long prompt " * 12  # beyond the 120 columns a terminal would have
+    ids = [dit(url, "submit", f"{prompt}{i}", "--size", "384x256", "--priority", "-7").stdout.strip()
+           for i in range(2)]
+    out = dit(url, "list", "--status", "queued", "--limit", "1000")
+    assert out.returncode == 0, out.stderr
+    assert not out.stdout.startswith("ID")  # piped: no header, every line a task
+    rows = {line.split()[0]: line.split(None, 4) for line in out.stdout.splitlines()}
+    for i, task_id in enumerate(ids):
+        _, status, created, size, shown = rows[task_id]
+        assert (status, size, shown) == ("queued", "384x256", f"{prompt}{i}") and re.fullmatch(ISO, created)
+    first = dit(url, "list", "--limit", "1").stdout.splitlines()
+    second = dit(url, "list", "--limit", "1", "--offset", "1").stdout.splitlines()
+    assert len(first) == len(second) == 1 and first != second
+    listed = json.loads(dit(url, "list", "--json", "--status", "queued", "--limit", "1000").stdout)
+    assert {t["id"]: t["input"]["prompt"] for t in listed["tasks"]}[ids[1]] == f"{prompt}1"
+    assert dit(url, "list", "--status", "lost").returncode == 2  # not a task status
+
+
+def test_on_a_terminal_list_cuts_the_prompt_to_the_width():
+    task = TaskView(**{**TASK, "input": {"prompt": "a lighthouse\nat dawn, " + "waves " * 30, "width": 384,
+                                         "height": 256}})
+    (whole,) = cli._list_lines([task], None)
+    assert "a lighthouse at dawn, waves" in whole and whole.endswith("waves")  # one line, all of it
+    header, cut = cli._list_lines([task], 80, header=True)
+    assert header.split() == ["ID", "STATUS", "CREATED", "(UTC)", "SIZE", "PROMPT"]
+    assert len(cut) == 80 and cut.endswith("…") and cut[:-1] == whole[:79]
+
+
+def test_download_by_id_writes_the_image_or_says_why_not(url, tmp_path):
+    report = made(tmp_path)
+    task_id = dit(url, "submit", "to download", "--priority", TOP).stdout.strip()
+    early = dit(url, "download", task_id)
+    assert early.returncode == 124 and f"task {task_id} is still queued: it has no result yet" in early.stderr
+    assert serve(url, report) == task_id
+    got = dit(url, "download", task_id, cwd=tmp_path)  # ID.png, here
+    assert got.returncode == 0 and got.stdout == f"{task_id}.png\n", got.stderr
+    assert (tmp_path / f"{task_id}.png").read_bytes() == b"\x89PNG made by a test"
+    named = dit(url, "download", task_id, "--wait", "-o", str(tmp_path / "sub" / "x.png"))  # ended: no wait
+    assert named.returncode == 0 and (tmp_path / "sub" / "x.png").exists()
+
+    refused = dit(url, "submit", "refused", "--priority", TOP).stdout.strip()
+    serve(url, REFUSED)
+    failed = dit(url, "download", refused)
+    assert failed.returncode == 1 and f"task {refused} failed: unsafe_prompt: the prompt was refused" in failed.stderr
+    elsewhere = dit(url, "submit", "stored elsewhere", "--priority", TOP).stdout.strip()
+    serve(url, made(tmp_path, uri="file:///nowhere/x.png"))
+    gone = dit(url, "download", elsewhere, "-o", str(tmp_path / "y.png"))
+    assert gone.returncode == 5 and "is not on this machine" in gone.stderr
+    unknown = dit(url, "download", "nope")
+    assert unknown.returncode == 4 and "check the id" in unknown.stderr
+
+
+@pytest.fixture
+def empty_url(tmp_path):
+    """A scheduler of its own, with nothing queued: the first task a lease gets is the one the test submits."""
+    port = free_port()
+    proc = start_scheduler(tmp_path / "empty.db", port, tmp_path / "empty.log")
+    yield f"http://127.0.0.1:{port}"
+    proc.stop()
+
+
+def test_piped_a_wait_prints_nothing_but_the_result_lines(empty_url, tmp_path):
+    report = made(tmp_path)
+    args = [DIT, "submit", "served while waiting", "--wait", "--timeout", "60"]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env(empty_url)) as proc:
+        try:
+            task_id = serve(empty_url, report, wait_s=30)  # the lease waits for the submission
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert stdout == report["result"]["uri"] + "\n"
+    assert re.fullmatch(rf"{task_id} succeeded in \d+\.\ds: 384x256, seed 7\n", stderr)
+
+
+def test_on_a_terminal_a_wait_shows_the_state_the_position_and_how_to_get_a_worker(url, monkeypatch):
+    screen = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=screen, force_terminal=True, width=200, soft_wrap=True))
+    monkeypatch.setattr(cli, "HINT_AFTER_S", 0.0)  # no worker is ever ready here: the hint at once
+    code = cli.main(["--url", url, "submit", "watched", "--priority", "5", "--wait", "--timeout", "0"])
+    shown = screen.getvalue()
+    assert code == cli.Exit.NOT_ENDED == 124
+    assert re.search(r": queued · \d+s · position [\d-]+ of \d+ queued", shown), shown
+    assert "no worker is ready" in shown and "start one with `make node` or check `dit watch`" in shown
+    assert "is still queued after 0s" in shown  # the last state stays on screen above the error
+
+
+TASK = {"id": "t1", "status": "queued", "input": {"prompt": "x"}, "priority": 0, "attempts": 0, "max_attempts": 3,
+        "idempotency_key": "k", "worker_id": None, "result": None, "error": None, "created_at": 1.0,
+        "updated_at": 1.0, "started_at": None, "finished_at": None}
+
+
+def worker(status: str) -> WorkerView:
+    return WorkerView(id="w", hostname="h", world_size=1, devices=[], model="m", version="v", status=status,
+                      in_flight=[], registered_at=1.0, last_heartbeat=None)
+
+
+def test_the_wait_view_counts_seconds_places_the_task_and_hints_only_when_nothing_can_serve_it():
+    clock = Clock()
+    view = cli.WaitView(TaskView(**TASK), clock)
+    view.figures = QueueFigures(queued_by_priority={"5": 2, "0": 4, "-1": 1}, queued=7, oldest_queued_age_s=9.0,
+                                running=0, ended_last_s={}, workers_by_status={})
+    view.workers = [worker("initializing"), worker("lost")]
+    clock.now += 4
+    assert view.text() == "t1: queued · 4s · position 3-6 of 7 queued"  # 2 ahead for sure, 3 maybe
+    clock.now += 1
+    assert view.text().splitlines()[1] == ("no worker is ready (1 starting): start one with `make node` or "
+                                           "check `dit watch`")
+    view.workers = [worker("ready")]
+    assert view.hint() is None
+    view.task = TaskView(**{**TASK, "status": "processing", "worker_id": "w-1", "attempts": 2})
+    view.workers = []
+    assert view.text() == "t1: processing · 5s · worker w-1 · attempt 2 of 3"  # no hint: it is being served
+    view.task = TaskView(**{**TASK, "priority": 5})
+    assert view.text().startswith("t1: queued · 5s · position 1-2 of 7 queued")

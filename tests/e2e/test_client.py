@@ -1,5 +1,6 @@
 """End to end with the real scheduler and a 2-rank worker: `dit submit --wait -o` returns a PNG of the
-requested size in one command, and `Prefer: wait` returns a succeeded task in one call."""
+requested size in one command, `Prefer: wait` returns a succeeded task in one call, and `dit download ID`
+fetches a finished task's image later."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def test_dit_submit_wait_downloads_the_image_and_prefer_wait_answers_in_one_call
                          capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "120"})
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str(out) and "succeeded" in run.stderr
+    assert len(run.stderr.splitlines()) == 1  # piped: the result lines, no progress
     with Image.open(out) as img:
         assert img.format == "PNG" and img.size == (384, 256)
 
@@ -40,3 +42,9 @@ def test_dit_submit_wait_downloads_the_image_and_prefer_wait_answers_in_one_call
         assert task.status == "succeeded"
         path = dit.download(task, tmp_path / "bay.png")
         assert hashlib.sha256(path.read_bytes()).hexdigest() == task.result.sha256
+        assert dit.download(task.id, tmp_path / "by-id.png").read_bytes() == path.read_bytes()
+
+    again = subprocess.run([DIT, "--url", stack.url, "download", task.id, "-o", str(tmp_path / "again.png")],
+                           capture_output=True, text=True, timeout=60)  # later, by id, from the command line
+    assert again.returncode == 0, again.stderr
+    assert Path(again.stdout.strip()).read_bytes() == path.read_bytes()
