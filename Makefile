@@ -77,8 +77,10 @@ wheelhouse: install
 scheduler: install
 	$(PY) -m scheduler
 
-node: install
-	PATH="$(abspath $(VENV))/bin:$$PATH" launch/node.sh
+# A node against `make scheduler` on this machine: the tiny model on CPU, 2 ranks, unless CONFIG
+# and NPROC say otherwise. Ctrl-C drains it.
+node: install models/tiny-flux/model_index.json
+	PATH="$(abspath $(VENV))/bin:$$PATH" CONFIG="$(or $(CONFIG),configs/tiny.toml)" NPROC="$(or $(NPROC),2)" launch/node.sh
 
 clean:
 	rm -rf var outputs models wheelhouse .pytest_cache
