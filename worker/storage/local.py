@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from worker.storage.base import EXTENSIONS, Artifact, StoredObject
+from worker.storage.base import EXTENSIONS, Artifact, StorageConfigError, StoredObject
 
 log = logging.getLogger(__name__)
 
@@ -23,16 +24,24 @@ class LocalStore:
         self.root = Path(root).resolve()
 
     def check_writable(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=self.root, prefix=".probe-"):
-            pass
+        """A location that cannot be made or written is a config error, never a crash: no restart
+        would cure it."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".probe-"):
+                pass
+        except OSError as e:
+            raise StorageConfigError(f"local.root: cannot write to {self.root}: {e.strerror or e}") from None
 
     def object_path(self, task_id: str, content_type: str) -> Path:
         return self.root / f"{task_id}.{EXTENSIONS[content_type]}"
 
     def put(self, item: Artifact) -> StoredObject:
         path = self.object_path(item.task_id, item.content_type)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{item.task_id}.")
+        tmp = self.root / f".{item.task_id}.{secrets.token_hex(8)}"
+        # Not mkstemp: its 0600 would stay with the linked object. 0666 less the umask (typically
+        # 0644) makes results as readable as any file the operator's processes write.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(item.data)
@@ -42,7 +51,7 @@ class LocalStore:
         except FileExistsError:
             return self._earlier_attempt(path, item)
         finally:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
         return StoredObject(uri=path.as_uri(), bytes=len(item.data), sha256=item.sha256)
 
     def remove(self, uri: str) -> None:

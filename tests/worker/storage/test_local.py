@@ -1,9 +1,11 @@
 import hashlib
+import os
+import stat
 
 import pytest
 
 from worker.config import LocalStorageConfig, StorageConfig
-from worker.storage import Artifact, LocalStore, build_store
+from worker.storage import Artifact, LocalStore, StorageConfigError, build_store
 
 
 def art(task_id, data, content_type="image/png"):
@@ -34,7 +36,9 @@ def test_check_writable_creates_the_root(tmp_path):
 
 def test_check_writable_fails_clearly(tmp_path):
     (tmp_path / "file").write_text("not a directory")
-    with pytest.raises(OSError):
+    # A config error naming the field, which the worker refuses to start on (and node.sh does not
+    # restart), not an OSError crash that torchrun would restart for ever.
+    with pytest.raises(StorageConfigError, match=r"local.root: cannot write to .*/file/out: Not a directory"):
         LocalStore(tmp_path / "file" / "out").check_writable()
 
 
@@ -62,3 +66,13 @@ def test_remove_deletes_this_stores_object_and_nothing_outside_it(tmp_path):
     store.remove(obj.uri)
     store.remove(obj.uri)  # gone already is fine
     assert outside.exists() and not (tmp_path / "results" / "task1.png").exists()
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_objects_are_as_readable_as_the_umask_allows(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        obj = LocalStore(tmp_path).put(art("task1", b"x"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "task1.png").stat().st_mode) == mode and obj.uri.endswith("/task1.png")
