@@ -4,16 +4,20 @@ Every call has a timeout, and every status code the protocol uses is mapped to o
   200/201 -> parsed body; 204 -> nothing to do; 401/403 -> AuthError (fatal);
   404 -> NotFound; 409 -> LeaseLost (or idempotency conflict); 400/422 -> QueueError (a bug: not retried);
   429 -> Unavailable honouring Retry-After; 5xx and transport errors -> Unavailable (retried).
+Messages and retry logs name the scheduler's URL: the first thing to check when it does not answer.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import (RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, stop_when_event_set,
+                      wait_random_exponential)
 from tenacity.wait import wait_base
 
 from protocol import (Heartbeat, HeartbeatReply, Lease, LeaseRequest, LeaseResponse, Registered, RegisterWorker,
@@ -48,6 +52,10 @@ class Unavailable(QueueError):
         self.retry_after = retry_after
 
 
+class Interrupted(QueueError):
+    """The caller's stop event was set while a call was being retried (a stop signal at start-up)."""
+
+
 def backoff(inner: wait_base, max_s: float):
     """Waits as `inner` does, unless the scheduler said how long (a 429's Retry-After), capped at max_s."""
 
@@ -73,8 +81,10 @@ class QueueClient:
 
     # ------------------------------------------------------------ protocol calls
 
-    def register(self, info: RegisterWorker, deadline_s: float) -> Registered:
-        return self._retrying(deadline_s, self._call, "POST", "/v1/workers", info, Registered)
+    def register(self, info: RegisterWorker, deadline_s: float,
+                 interrupt: threading.Event | None = None) -> Registered:
+        """Retried until `deadline_s`; Interrupted as soon as `interrupt` is set."""
+        return self._retrying(deadline_s, self._call, "POST", "/v1/workers", info, Registered, interrupt=interrupt)
 
     def lease(self, worker_id: str, max_tasks: int, wait_s: float) -> list[Lease]:
         """One long-poll; not retried here, because the serve loop must get back to its peers."""
@@ -100,18 +110,33 @@ class QueueClient:
 
     # ------------------------------------------------------------ plumbing
 
-    def _retrying(self, deadline_s: float, fn, *args: Any) -> Any:
+    def _retrying(self, deadline_s: float, fn, *args: Any, interrupt: threading.Event | None = None) -> Any:
         max_s = max(1.0, deadline_s / 4)
+        stop = stop_after_delay(deadline_s)
+        if interrupt is not None:
+            stop = stop | stop_when_event_set(interrupt)
         retry = Retrying(
             retry=retry_if_exception_type(Unavailable),
             # Exponential backoff with full jitter, so workers do not return in step after an outage.
             wait=backoff(wait_random_exponential(multiplier=0.5, max=max_s), max_s),
-            stop=stop_after_delay(deadline_s),
-            before_sleep=lambda s: log.warning("queue call failed (%s); retry %d",
-                                               s.outcome.exception(), s.attempt_number),
+            stop=stop,
+            sleep=_sleep_unless(interrupt) if interrupt is not None else time.sleep,
+            before_sleep=self._retry_log(deadline_s),
             reraise=True,
         )
-        return retry(fn, *args)
+        try:
+            return retry(fn, *args)
+        except Unavailable as e:
+            if interrupt is not None and interrupt.is_set():
+                raise Interrupted(f"stopped while retrying: {e}") from None
+            raise
+
+    def _retry_log(self, deadline_s: float):
+        def log_retry(state: RetryCallState) -> None:
+            log.warning("the scheduler at %s did not answer (%s); retry %d in %.1fs, giving up after %.0fs",
+                        self._cfg.url, state.outcome.exception(), state.attempt_number,
+                        state.upcoming_sleep, deadline_s)
+        return log_retry
 
     def _call(self, method: str, path: str, body: BaseModel, out: type[M],
               timeout: float | None = None) -> M | None:
@@ -120,12 +145,23 @@ class QueueClient:
                                       headers={"Content-Type": "application/json"},
                                       timeout=timeout or self._cfg.timeout_s)
         except httpx.TransportError as e:  # connect, read timeouts, resets
-            raise Unavailable(f"{method} {path}: {type(e).__name__}: {e}") from e
+            raise Unavailable(f"{method} {self._http.base_url.join(path)}: {type(e).__name__}: {e}") from e
         return _parse(resp, out)
 
 
+def _sleep_unless(event: threading.Event):
+    """A retry's wait that ends early once `event` is set. In short slices rather than event.wait:
+    the event is set by a signal handler on this same thread, which must not find the event's lock
+    held by the wait it interrupted."""
+    def sleep(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not event.is_set() and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.25))
+    return sleep
+
+
 def _parse(resp: httpx.Response, out: type[M]) -> M | None:
-    code, where = resp.status_code, f"{resp.request.method} {resp.request.url.path}"
+    code, where = resp.status_code, f"{resp.request.method} {resp.request.url}"
     if code in (200, 201):
         return out.model_validate_json(resp.content)
     if code == 204:
