@@ -6,6 +6,7 @@ pydantic alone, so another scheduler or a client can reuse it as the schema.
 
 from protocol.errors import CANCELLED_MARK, ErrorCode, was_cancelled
 from protocol.models import (
+    BIDI_CONTROLS,
     FINAL_STATUSES,
     DeviceInfo,
     ErrorEnvelope,
@@ -33,10 +34,13 @@ from protocol.models import (
     TaskView,
     Webhook,
     WebhookAttempt,
+    WorkerLimits,
     WorkerStatus,
     WorkerView,
+    bidi_control,
 )
 
 __all__ = ["CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
            "LeaseResponse", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
-           "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerStatus", "WorkerView"]
+           "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerLimits", "WorkerStatus", "WorkerView",
+           "BIDI_CONTROLS", "bidi_control"]

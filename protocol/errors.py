@@ -37,3 +37,4 @@ class ErrorCode(StrEnum):
     LEASE_EXPIRED = "lease_expired"
     WORKER_RESTARTED = "worker_restarted"
     WORKER_LOST = "worker_lost"  # no heartbeat for the scheduler's liveness time
+    WORKER_DRAINED = "worker_drained"  # its last heartbeat said it drained, yet it still held the task

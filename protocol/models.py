@@ -3,25 +3,28 @@
 This package is the protocol's single definition: the reference scheduler serves it and the worker
 speaks it. It imports only pydantic so that other schedulers can reuse it as a schema.
 
-The scheduler stores a task's `input` as the client sent it. Workers validate it against their own
-limits (sizes, steps, prompt length depend on the model a worker serves), so a bad input fails that
-task with a reason instead of being refused at submission by a scheduler that cannot know them.
+The scheduler stores a task's `input` as the client sent it. Each worker validates it against its own
+limits (sizes, steps, prompt length depend on the model it serves) and fails a bad task with a reason.
+Workers also advertise those limits when they register (WorkerLimits), so the reference scheduler
+refuses at submission an input that no live worker could serve; with no live worker registered it
+cannot know, and accepts. Types and unknown fields are left to the worker.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import unicodedata
+from typing import Annotated, Any, Literal
 
-from typing import Annotated
-
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed", "cancelled"]
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a task in one never changes again
-WorkerStatus = Literal["initializing", "ready", "draining"]  # what a worker reports of itself
+# What a worker reports of itself. drained: its last heartbeat, sent when a drain has finished every
+# task it held and it is leaving; the registration is closed for good.
+WorkerStatus = Literal["initializing", "ready", "draining", "drained"]
 # replaced: a later registration from the same node (a restarted torchrun group) took its place.
 # lost: no heartbeat for the scheduler's liveness time; what it held was requeued.
-RegistrationStatus = Literal["initializing", "ready", "draining", "replaced", "lost"]
+RegistrationStatus = Literal["initializing", "ready", "draining", "drained", "replaced", "lost"]
 # released: leased but never started, handed back (the attempt does not count).
 ReportStatus = Literal["processing", "succeeded", "failed", "released"]
 
@@ -51,6 +54,21 @@ def _valid_unicode(data: Any) -> Any:
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
     return data
+
+
+# Bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069). One left open
+# reorders whatever is shown after it (a caption flips, a log line reads backwards), so prompts may not
+# carry them. The marks U+200E, U+200F and U+061C are allowed: they only set the direction of the
+# neutral characters next to them, open no scope, and right-to-left prompts legitimately use them.
+BIDI_CONTROLS = frozenset(chr(c) for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+
+
+def bidi_control(text: str) -> str | None:
+    """The first bidirectional control character in `text`, as "U+202E (RIGHT-TO-LEFT OVERRIDE)"."""
+    for ch in text:
+        if ch in BIDI_CONTROLS:
+            return f"U+{ord(ch):04X} ({unicodedata.name(ch)})"
+    return None
 
 
 class _Wire(BaseModel):
@@ -96,6 +114,15 @@ class SubmitTask(_Strict):
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
     max_attempts: int | None = Field(None, ge=1, le=20, description="defaults to the scheduler's")
     webhook: Webhook | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _prompt_without_bidi_controls(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Checked here, not only by workers: the prompt is shown (status page, logs) as soon as it is stored.
+        if isinstance(prompt := value.get("prompt"), str) and (found := bidi_control(prompt)):
+            raise ValueError(f"input.prompt: contains {found}, a bidirectional control character, which would "
+                             "reorder the text shown around the prompt")
+        return value
 
 
 class ErrorEnvelope(_Strict):
@@ -188,6 +215,21 @@ class DeviceInfo(_Strict):
     uuid: str | None = Field(None, max_length=100, description="the GPU's UUID, where there is one")
 
 
+class WorkerLimits(_Strict):
+    """What a worker accepts in a task's input (its config's `limits`): the scheduler refuses at
+    submission what no live worker accepts. Defaults fill a width or height the input leaves out."""
+
+    max_prompt_chars: int = Field(ge=1)
+    min_side: int = Field(ge=1)
+    max_side: int = Field(ge=1)
+    size_multiple: int = Field(16, ge=1, description="width and height must be multiples of it")
+    max_pixels: int = Field(ge=1, description="width x height")
+    default_width: int = Field(ge=1)
+    default_height: int = Field(ge=1)
+    max_steps: int = Field(ge=1, description="steps lie in [1, max_steps]")
+    output_formats: list[Annotated[str, StringConstraints(max_length=20)]] = Field(min_length=1, max_length=20)
+
+
 class RegisterWorker(_Strict):
     hostname: str = Field(min_length=1, max_length=255)
     world_size: int = Field(ge=1, le=MAX_DEVICES)
@@ -199,6 +241,8 @@ class RegisterWorker(_Strict):
         "it replaces the earlier ones, whose leased tasks are requeued at once"))
     ops_url: str | None = Field(None, max_length=300, pattern=r"^https?://", description=(
         "the worker's /metrics, /livez and /readyz; listed for status pages and Prometheus discovery"))
+    limits: WorkerLimits | None = Field(None, description=(
+        "what it accepts in a task's input; none: the scheduler assumes it may serve anything"))
 
 
 class Registered(_Strict):
@@ -215,6 +259,7 @@ class WorkerView(_Strict):
     version: str
     node_id: str | None = None
     ops_url: str | None = None
+    limits: WorkerLimits | None = None
     status: RegistrationStatus
     in_flight: list[str]
     warnings: list[str] = Field([], description="e.g. a safety check switched off by config")

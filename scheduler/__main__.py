@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="env var with comma-separated bearer tokens for workers")
     p.add_argument("--client-tokens-env", default="DIT_CLIENT_TOKENS",
                    help="env var with comma-separated bearer tokens for clients")
+    p.add_argument("--admit-unservable", action="store_true",
+                   help="accept inputs no live worker's limits allow (workers that start later, or mixed models); "
+                   "they fail at the worker instead of a 422 at submission")
     p.add_argument("--results-root", action="append", default=[], metavar="DIR",
                    help="a folder of local results the status page may show as thumbnails (repeatable)")
     p.add_argument("--log-level", default="INFO")
@@ -96,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                         results_roots=tuple(Path(r).resolve() for r in args.results_root),
                         max_wait_s=args.max_wait, rate_limit=args.rate_limit, rate_burst=args.rate_burst,
                         remove_expired_results=args.remove_expired_results,
+                        admit_unservable=args.admit_unservable,
                         webhook_allow=tuple(args.webhook_allow),
                         webhook_secret=os.environ.get(args.webhook_secret_env, "").encode())
     if args.webhook_allow and not settings.webhook_secret:

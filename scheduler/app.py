@@ -44,6 +44,7 @@ from protocol import (
 )
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from scheduler import servable
 from scheduler import status_page as status_page_view
 from scheduler.metrics import RequestTimer, SchedulerMetrics, prometheus_targets
 from scheduler.results import local_path
@@ -77,6 +78,9 @@ class Settings:
     remove_expired_results: bool = False  # delete an expired task's local result file (under results_roots)
     # Folders whose result files the status page may show as thumbnails (resolved paths).
     results_roots: tuple[Path, ...] = ()
+    # Accept inputs no live worker's advertised limits allow (workers that start later, mixed models):
+    # they then fail at their worker with invalid_request instead of a 422 at submission.
+    admit_unservable: bool = False
     # A waiting lease request looks again this often without a wake-up: the fallback for a missed
     # NOTIFY. Wake-ups (local, or NOTIFY from other processes) make new work visible at once.
     poll_s: float = 5.0
@@ -322,6 +326,7 @@ def _client_routes(app: FastAPI) -> None:
                      prefer: str | None = Header(None, description="`wait=N`: answer once the task ends, "
                                                  "or after N seconds (capped) with the task as it stands")) -> TaskView:
         _check_webhooks(app, [body])
+        await _check_servable(app, [body])
         await _admit(app, request, 1)
         try:
             task, created = await store.acall(store.submit, body)
@@ -343,6 +348,7 @@ def _client_routes(app: FastAPI) -> None:
     async def submit_batch(body: SubmitBatch, request: Request) -> SubmittedBatch:
         """Many tasks in one call and one transaction: all are stored, or none."""
         _check_webhooks(app, body.tasks)
+        await _check_servable(app, body.tasks)
         await _admit(app, request, len(body.tasks))
         try:
             out = await store.acall(store.submit_many, body.tasks)
@@ -492,6 +498,20 @@ def _check_webhooks(app: FastAPI, tasks: list[SubmitTask]) -> None:
     """422 naming the host when a task's webhook is not on the operator's allowlist."""
     for i, task in enumerate(tasks):
         if task.webhook is not None and (why := refusal(task.webhook.url, app.state.settings.webhook_allow)):
+            raise HTTPException(422, f"tasks[{i}]: {why}" if len(tasks) > 1 else why)
+
+
+async def _check_servable(app: FastAPI, tasks: list[SubmitTask]) -> None:
+    """422 naming the field when no live worker's limits allow a task's input: better now than a
+    failure once leased. Nothing is refused while no live worker is registered (the fleet may start
+    later), nor with --admit-unservable."""
+    if app.state.settings.admit_unservable:
+        return
+    store: Store = app.state.store
+    fleet = await store.acall(store.fleet_limits)
+    for i, task in enumerate(tasks):
+        if why := servable.refusal(task.input, fleet):
+            app.state.metrics.submissions.labels("unservable").inc(len(tasks))
             raise HTTPException(422, f"tasks[{i}]: {why}" if len(tasks) > 1 else why)
 
 

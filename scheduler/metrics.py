@@ -22,7 +22,7 @@ from scheduler.store import Store
 
 # Long polls (lease) last up to their wait_s: the upper buckets are for them.
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, float("inf"))
-REGISTRATION_STATUSES = ("initializing", "ready", "draining", "replaced", "lost")
+REGISTRATION_STATUSES = ("initializing", "ready", "draining", "drained", "replaced", "lost")
 
 
 class SchedulerMetrics:
@@ -30,7 +30,8 @@ class SchedulerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.submissions = Counter("dit_scheduler_submissions", "Tasks submitted, by result",
-                                   ["result"], registry=r)  # created, replayed (idempotency key), refused
+                                   ["result"], registry=r)  # created, replayed (idempotency key), conflict, refused
+        # (queue full), rate_limited, unservable (no live worker's limits allow the input)
         self.leases = Counter("dit_scheduler_leases_granted", "Tasks leased to workers", registry=r)
         self.reports = Counter("dit_scheduler_reports", "Worker reports, by status and outcome",
                                ["status", "outcome"], registry=r)  # outcome: accepted, conflict, not_found
@@ -106,7 +107,7 @@ def prometheus_targets(workers: list[WorkerView]) -> list[dict]:
     """Prometheus HTTP service discovery (http_sd_configs): every live worker's /metrics."""
     out = []
     for w in workers:
-        if w.ops_url and w.status not in ("lost", "replaced"):
+        if w.ops_url and w.status not in ("lost", "replaced", "drained"):
             out.append({"targets": [w.ops_url.split("://", 1)[1].rstrip("/")],
                         "labels": {"worker_id": w.id, "hostname": w.hostname, "node_id": w.node_id or "",
                                    "__scheme__": w.ops_url.split("://", 1)[0]}})

@@ -86,9 +86,27 @@ def gather(store: Store) -> Page:
                 results=store.recent("succeeded", HOUR_S, RECENT), failures=store.recent("failed", HOUR_S, 20))
 
 
+# A worker's status colour: ready green, lost red, a registration closed on purpose (drained,
+# replaced) neutral, the rest (initializing, draining) amber.
+STATUS_CLASS = {"ready": "ok", "lost": "bad", "drained": "muted", "replaced": "muted"}
+IN_FLIGHT_HELP = ("tasks it holds (leased, waiting for a round, generating, or generated and not yet reported) / "
+                  "the most it may hold: lease_ahead waiting plus max_pending generating or unreported")
+
+
 def render(page: Page) -> str:
     return _env.get_template("status.html").render(p=page, thumb=thumb_src, ago=_ago, prompt=_prompt,
-                                                   device_summary=_devices)
+                                                   device_summary=_devices, in_flight=in_flight,
+                                                   in_flight_help=IN_FLIGHT_HELP, status_class=STATUS_CLASS)
+
+
+def in_flight(w: WorkerView) -> str:
+    """The tasks a worker holds, and the most it may hold. The heartbeat lists every task leased
+    and not yet reported: those admitted and waiting for a round (at most `lease_ahead`) and those
+    generating or in the post stage (at most `max_pending`), so the bound is their sum, not
+    `lease_ahead` alone."""
+    held = len(w.in_flight)
+    ahead, pending = w.counters.get("lease_ahead"), w.counters.get("max_pending")
+    return f"{held} / {ahead + pending}" if ahead and pending else str(held)
 
 
 def thumb_src(task: TaskView) -> str | None:

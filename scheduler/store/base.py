@@ -18,6 +18,7 @@ from protocol import (
     SubmitTask,
     TaskView,
     WebhookAttempt,
+    WorkerLimits,
     WorkerView,
 )
 
@@ -78,6 +79,10 @@ class Store(Protocol):
         """(worker id, tasks requeued from the node's earlier registrations)."""
 
     def workers(self) -> list[WorkerView]: ...
+
+    def fleet_limits(self) -> list[WorkerLimits | None]:
+        """The distinct limits of the workers that can take tasks (initializing, ready); None for
+        one that advertised none. Empty when there is no such worker."""
 
     def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
         """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO."""
@@ -143,7 +148,9 @@ def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskV
 def worker_view(row: Mapping[str, Any], now: float) -> WorkerView:
     info = json.loads(row["info"])
     beat = row["last_heartbeat"]
+    limits = json.loads(row["limits"]) if row["limits"] else None
     return WorkerView(id=row["id"], status=row["status"], node_id=row["node_id"], in_flight=json.loads(row["in_flight"]),
+                      limits=limits,
                       warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
                       safety_policy=row["safety_policy"],
                       registered_at=row["registered_at"], last_heartbeat=beat,

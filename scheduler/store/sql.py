@@ -11,12 +11,16 @@ placeholders; the PostgreSQL backend adapts them.
   periodically by the app), never inside a request; meanwhile a lease past its deadline is already
   refused to its holder (reports and renewals check the deadline).
 - Reads never take the write lock.
+- Held tasks taken back from their workers (expired lease, lost, replaced or drained worker) are
+  logged at WARNING once their transaction has committed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
 import secrets
 import threading
 import time
@@ -41,10 +45,14 @@ from protocol import (
     SubmitTask,
     TaskView,
     WebhookAttempt,
+    WorkerLimits,
     WorkerView,
 )
 from scheduler import leases
 from scheduler.store.base import Cancelled, Conflict, NotFound, task_view, worker_view
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Write:
@@ -74,6 +82,10 @@ class Read:
 Plan = Generator[Write | WriteEach | Read, list, Any]
 
 HELD = "status IN ('leased', 'processing')"
+# Registrations that can take tasks: the fleet whose limits decide what a submission may ask for.
+TAKING = "status IN ('initializing', 'ready')"
+# Registrations that send no more heartbeats: never made `lost`, pruned after the retention.
+CLOSED = "('lost', 'replaced', 'drained')"
 # Set in the same UPDATE as a final status (or the start), so a webhook event is never lost: due at
 # once (0); the dispatcher (scheduler/webhooks.py) claims it, delivers, and records the attempt.
 WEBHOOK_ENDED = "webhook_due = CASE WHEN webhook IS NULL THEN NULL ELSE 0 END"
@@ -280,17 +292,25 @@ class SQLStore:
         worker_id = f"w-{uuid.uuid4().hex[:12]}"
         now = self._clock()
         with self._tx() as db:
-            db.execute("INSERT INTO workers (id, info, status, registered_at, node_id)"
-                       " VALUES (?, ?, 'initializing', ?, ?)",
-                       (worker_id, req.model_dump_json(exclude={"node_id"}), now, req.node_id))
-            requeued = self._replace(db, req.node_id, worker_id, now) if req.node_id else 0
-            self._notify(db, requeued)
-        return worker_id, requeued
+            db.execute("INSERT INTO workers (id, info, status, registered_at, node_id, limits)"
+                       " VALUES (?, ?, 'initializing', ?, ?, ?)",
+                       (worker_id, req.model_dump_json(exclude={"node_id", "limits"}), now, req.node_id,
+                        req.limits.model_dump_json() if req.limits else None))
+            taken = self._replace(db, req.node_id, worker_id, now) if req.node_id else []
+            self._notify(db, len(taken))
+        _log_reclaimed(taken)
+        return worker_id, len(taken)
 
     def workers(self) -> list[WorkerView]:
         rows = self._read().execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
         now = self._clock()
         return [worker_view(r, now) for r in rows]
+
+    def fleet_limits(self) -> list[WorkerLimits | None]:
+        """The distinct limits of the workers that can take tasks (one row per kind of worker, however
+        many there are); None for workers that advertised none."""
+        rows = self._read().execute(f"SELECT DISTINCT limits FROM workers WHERE {TAKING}").fetchall()
+        return [_limits(r["limits"]) if r["limits"] else None for r in rows]
 
     def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
         return self._run(self._claim(worker_id, max_tasks))
@@ -308,11 +328,11 @@ class SQLStore:
             f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
             f" lease_token = {self.TOKEN_SQL}, lease_deadline = ?, updated_at = ?"
             f" WHERE id IN (SELECT id FROM tasks WHERE status = 'queued' ORDER BY priority DESC, seq LIMIT ?"
-            f"{self.SKIP_LOCKED}) AND EXISTS (SELECT 1 FROM workers WHERE id = ?)"
+            f"{self.SKIP_LOCKED}) AND EXISTS (SELECT 1 FROM workers WHERE id = ? AND status != 'drained')"
             f" RETURNING id, input, created_at, lease_token, attempts, priority, seq",
             (worker_id, deadline, now, max_tasks, worker_id))
-        if not rows and not (yield Read("SELECT 1 AS one FROM workers WHERE id = ?", (worker_id,))):
-            raise NotFound(f"no worker {worker_id}; register first")
+        if not rows:
+            _check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
         return [Lease(task_id=r["id"], input=json.loads(r["input"]), created_at=r["created_at"],
                       lease_token=r["lease_token"], lease_deadline=deadline, lease_ttl_s=self.lease_ttl_s,
@@ -322,6 +342,8 @@ class SQLStore:
         """Records the worker's state and renews, in one UPDATE, the leases it still holds on its
         in-flight tasks; the others are `lost`."""
         now = self._clock()
+        if hb.status == "drained":
+            return self._drained(worker_id, hb, now)
         deadline = leases.deadline(now, self.lease_ttl_s)
         in_ids, ids = self._ids(hb.in_flight)
         with self._tx() as db:
@@ -339,6 +361,21 @@ class SQLStore:
         return HeartbeatReply(renewed={t: deadline for t in hb.in_flight if t in renewed},
                               lost=[t for t in hb.in_flight if t not in renewed],
                               cancelled=sorted(r["id"] for r in rows if r["cancel_requested_at"] is not None))
+
+    def _drained(self, worker_id: str, hb: Heartbeat, now: float) -> HeartbeatReply:
+        """A drain's last heartbeat: the worker is leaving on purpose, so its registration ends
+        `drained` (never `lost`; a replaced one stays replaced) and is refused for leases and
+        heartbeats from now on. A clean drain holds nothing; whatever it still holds goes back now."""
+        with self._tx() as db:
+            _require_worker(db, worker_id)
+            db.execute("UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE 'drained' END,"
+                       " in_flight = '[]', last_heartbeat = ?, warnings = ?, counters = ?, safety_policy = ? WHERE id = ?",
+                       (now, json.dumps(hb.warnings), json.dumps(hb.counters), hb.safety_policy, worker_id))
+            taken = self._take_back(db, worker_id, ErrorCode.WORKER_DRAINED,
+                                    f"worker {worker_id} drained while holding it", now)
+            self._notify(db, len(taken))
+        _log_reclaimed(taken)
+        return HeartbeatReply(renewed={}, lost=list(hb.in_flight))
 
     def report(self, task_id: str, rep: Report) -> TaskView:
         """Applies a worker's report if, and only if, it carries the task's current, unexpired lease."""
@@ -466,11 +503,17 @@ class SQLStore:
         with self._tx() as db:
             if not self._maintenance_lock(db):
                 return 0
-            moved = self._expire(db, now) + self._lose_silent(db, now)
-            db.execute("DELETE FROM workers WHERE status IN ('lost', 'replaced')"
+            taken = self._expire(db, now)
+            lost = self._lose_silent(db, now)
+            taken += [t for worker in lost for t in worker.taken]
+            db.execute(f"DELETE FROM workers WHERE status IN {CLOSED}"
                        " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.retention_s,))
-            self._notify(db, moved)
-        return moved
+            self._notify(db, len(taken))
+        # Logged once committed: a sweep that rolled back took nothing back.
+        _log_reclaimed(taken)
+        for worker in lost:
+            worker.log()
+        return len(taken)
 
     # ------------------------------------------------------------ webhooks
 
@@ -508,49 +551,52 @@ class SQLStore:
                 " LIMIT ?) RETURNING result", (self._clock() - self.task_retention_s, limit)).fetchall()
         return [json.loads(r["result"])["uri"] for r in rows if r["result"]]
 
-    def _expire(self, db: Any, now: float) -> int:
+    def _expire(self, db: Any, now: float) -> list[Reclaimed]:
         """Tasks whose lease expired go back to the queue, or fail when out of attempts. A lease is
         held up to and including its deadline; strictly after it, it is gone."""
         rows = db.execute(f"SELECT {HELD_ROW} FROM tasks WHERE {HELD} AND lease_deadline < ?{self.LOCK_ROW}",
                           (now,)).fetchall()
-        for row in rows:
-            self._requeue_held(db, row, ErrorCode.LEASE_EXPIRED, f"worker {row['worker_id']} lost the lease", now)
-        return len(rows)
+        return [self._requeue_held(db, row, ErrorCode.LEASE_EXPIRED, f"worker {row['worker_id']} lost the lease", now)
+                for row in rows]
 
-    def _lose_silent(self, db: Any, now: float) -> int:
+    def _lose_silent(self, db: Any, now: float) -> list[Lost]:
         """Workers without a heartbeat for liveness_s are `lost`; what they held goes back now,
-        well before the lease TTL. A lost worker that beats again is shown as it says it is."""
-        silent = [r["id"] for r in db.execute(
-            "SELECT id FROM workers WHERE status NOT IN ('lost', 'replaced')"
-            " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.liveness_s,))]
-        return sum(self._retire(db, worker_id, "lost", ErrorCode.WORKER_LOST,
-                                f"worker {worker_id} sent no heartbeat for {self.liveness_s:g}s", now)
-                   for worker_id in silent)
+        well before the lease TTL. A lost worker that beats again is shown as it says it is. A
+        drained one said goodbye: its silence is expected."""
+        silent = db.execute(
+            f"SELECT id, info, COALESCE(last_heartbeat, registered_at) AS seen FROM workers WHERE status NOT IN {CLOSED}"
+            " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self.liveness_s,)).fetchall()
+        return [Lost(r["id"], json.loads(r["info"]).get("hostname", "?"), now - r["seen"],
+                     self._retire(db, r["id"], "lost", ErrorCode.WORKER_LOST,
+                                  f"worker {r['id']} sent no heartbeat for {self.liveness_s:g}s", now))
+                for r in silent]
 
-    def _replace(self, db: Any, node_id: str, new_id: str, now: float) -> int:
+    def _replace(self, db: Any, node_id: str, new_id: str, now: float) -> list[Reclaimed]:
         old = [r["id"] for r in db.execute(
             "SELECT id FROM workers WHERE node_id = ? AND id != ? AND status != 'replaced'", (node_id, new_id))]
-        return sum(self._retire(db, worker_id, "replaced", ErrorCode.WORKER_RESTARTED,
-                                f"worker {worker_id} restarted (node {node_id} registered again as {new_id})", now)
-                   for worker_id in old)
+        return [taken for worker_id in old for taken in self._retire(
+            db, worker_id, "replaced", ErrorCode.WORKER_RESTARTED,
+            f"worker {worker_id} restarted (node {node_id} registered again as {new_id})", now)]
 
-    def _retire(self, db: Any, worker_id: str, status: str, code: ErrorCode, why: str, now: float) -> int:
-        """Marks a registration `replaced` or `lost` and requeues what it held; the tasks requeued."""
+    def _retire(self, db: Any, worker_id: str, status: str, code: ErrorCode, why: str, now: float) -> list[Reclaimed]:
+        """Marks a registration `replaced` or `lost` and requeues what it held."""
         db.execute("UPDATE workers SET status = ?, in_flight = '[]' WHERE id = ?", (status, worker_id))
+        return self._take_back(db, worker_id, code, why, now)
+
+    def _take_back(self, db: Any, worker_id: str, code: ErrorCode, why: str, now: float) -> list[Reclaimed]:
         rows = db.execute(f"SELECT {HELD_ROW} FROM tasks WHERE worker_id = ? AND {HELD}{self.LOCK_ROW}",
                           (worker_id,)).fetchall()
-        for row in rows:
-            self._requeue_held(db, row, code, why, now)
-        return len(rows)
+        return [self._requeue_held(db, row, code, why, now) for row in rows]
 
-    def _requeue_held(self, db: Any, row: Any, code: ErrorCode, why: str, now: float) -> None:
+    def _requeue_held(self, db: Any, row: Any, code: ErrorCode, why: str, now: float) -> Reclaimed:
         """A held task whose worker is gone: queued again while attempts remain (the lost attempt
         counts, so a task that kills its workers does not loop forever), else failed with `code`."""
+        taken = functools.partial(Reclaimed, row["id"], row["worker_id"], row["attempts"], row["max_attempts"], str(code))
         if row["cancel_requested_at"] is not None:  # a cancelled task never runs again
             self._end_cancelled(db, row["id"], now, f"{why} after the request")
             with self._reclaimed_lock:
                 self.reclaimed[(str(code), "cancelled")] += 1
-            return
+            return taken("cancelled")
         last = f"; last error: {json.loads(row['error'])['message']}" if row["error"] else ""
         error = ErrorEnvelope(code=code, retryable=True, worker_id=row["worker_id"],
                               message=f"{why} (attempt {row['attempts']} of {row['max_attempts']}){last}")
@@ -558,6 +604,7 @@ class SQLStore:
         self._release(db, row["id"], nxt, error if nxt == "failed" else None, now)
         with self._reclaimed_lock:
             self.reclaimed[(str(code), nxt)] += 1
+        return taken(nxt)
 
     @staticmethod
     def _release(db: Any, task_id: str, nxt: str, error: ErrorEnvelope | None, now: float) -> Any:
@@ -610,5 +657,58 @@ def _raised(out: TaskView | NotFound | Conflict) -> TaskView:
 
 
 def _require_worker(db: Any, worker_id: str) -> None:
-    if db.execute("SELECT 1 AS one FROM workers WHERE id = ?", (worker_id,)).fetchone() is None:
+    _check_registration(db.execute("SELECT status FROM workers WHERE id = ?", (worker_id,)).fetchall(), worker_id)
+
+
+def _check_registration(rows: list, worker_id: str) -> None:
+    """NotFound (the worker registers again) for an unknown worker, and for a drained one: it said it
+    was leaving, so a lease or heartbeat on its registration is a bug or a reused id, never work."""
+    if not rows:
         raise NotFound(f"no worker {worker_id}; register first")
+    if rows[0]["status"] == "drained":
+        raise NotFound(f"worker {worker_id} has drained and left; register again")
+
+
+@functools.lru_cache(maxsize=64)
+def _limits(text: str) -> WorkerLimits:
+    """Parsed once per distinct JSON: every submission reads the fleet's limits."""
+    return WorkerLimits.model_validate_json(text)
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    """A held task taken back from its worker, logged once the transaction has committed."""
+
+    task_id: str
+    worker_id: str
+    attempt: int
+    max_attempts: int
+    code: str  # why: lease_expired, worker_lost, worker_restarted, worker_drained
+    outcome: str  # queued, failed (out of attempts), cancelled (a client asked)
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A worker the sweep marked `lost`, and what it held."""
+
+    worker_id: str
+    hostname: str
+    silent_s: float
+    taken: list[Reclaimed]
+
+    def log(self) -> None:
+        requeued = sum(t.outcome == "queued" for t in self.taken)
+        log.warning("worker %s (%s) lost: no heartbeat for %.0fs; %d held task(s) requeued, %d failed for good",
+                    self.worker_id, self.hostname, self.silent_s, requeued, len(self.taken) - requeued,
+                    extra={"worker_id": self.worker_id, "status": "lost"})
+
+
+_OUTCOME_WORDS = {"queued": "requeued", "failed": "failed for good", "cancelled": "ended cancelled"}
+
+
+def _log_reclaimed(taken: list[Reclaimed]) -> None:
+    for t in taken:
+        log.warning("task %s %s: %s (worker %s, attempt %d of %d)", t.task_id, _OUTCOME_WORDS[t.outcome], t.code,
+                    t.worker_id, t.attempt, t.max_attempts,
+                    extra={"task_id": t.task_id, "worker_id": t.worker_id, "attempt": t.attempt, "error_code": t.code,
+                           "status": t.outcome})

@@ -62,7 +62,7 @@ MIGRATIONS = {
     "tasks": {"cancel_requested_at": "REAL", "webhook": "TEXT", "webhook_due": "REAL",
               "webhook_attempts": "TEXT NOT NULL DEFAULT '[]'"},
     "workers": {"warnings": "TEXT NOT NULL DEFAULT '[]'", "counters": "TEXT NOT NULL DEFAULT '{}'",
-                "node_id": "TEXT", "safety_policy": "TEXT"},
+                "node_id": "TEXT", "safety_policy": "TEXT", "limits": "TEXT"},
 }
 INDEXES = ["CREATE INDEX IF NOT EXISTS workers_node ON workers (node_id)",
            "CREATE INDEX IF NOT EXISTS tasks_worker ON tasks (worker_id, status)",

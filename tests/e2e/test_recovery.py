@@ -70,7 +70,9 @@ def test_sigterm_drains_and_exits(make_stack):
     proc.stop(timeout=30)
     out = proc.output()
     assert "draining" in out and "follower stopped: drained" in out
-    assert stack.registered()[0]["status"] == "draining"
+    # It said so before exiting: shown drained, not draining, and never lost once its beats stop.
+    [worker] = stack.registered()
+    assert worker["status"] == "drained" and f"told the scheduler that worker {worker['id']} drained" in out
 
 
 def test_worker_re_registers_when_the_scheduler_forgets_it(make_stack):

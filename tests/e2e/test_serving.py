@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import pytest
 from PIL import Image
 
-from tests.harness import Stack, run
+from tests.harness import Stack, ready_worker, run
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +58,10 @@ def test_same_seed_same_bytes_and_default_seed_is_reproducible(served):
     assert drawn["result"]["sha256"] == again["result"]["sha256"]
 
 
+# What the worker alone refuses (types, unknown fields, blank prompts); values outside its limits are
+# refused at submission (below) while it is live.
 INVALID = [
     ({"prompt": "", "width": 256}, "prompt: must not be empty"),
-    ({"prompt": "x" * 2001}, "prompt: 2001 characters"),
-    ({"prompt": "x", "width": 100}, "width: 100 is not a multiple of 16"),
-    ({"prompt": "x", "height": 4096}, "height: 4096 is outside"),
     ({"prompt": "x", "width": "256"}, "width: Input should be a valid integer"),
     ({"prompt": ["x"]}, "prompt: Input should be a valid string"),
     ({"prompt": "x", "seed": "lucky"}, "seed: Input should be a valid integer"),
@@ -82,6 +81,22 @@ def test_invalid_requests_fail_with_a_reason_and_the_worker_keeps_serving(served
     assert tasks[-1]["status"] == "succeeded"
     assert len(served.objects()) == len(before) + 1
     assert served.proc.alive()
+
+
+UNSERVABLE = [
+    ({"prompt": "x" * 2001}, "input.prompt: 2001 characters is above every live worker's limit (2000)"),
+    ({"prompt": "x", "width": 100}, "input.width: 100 is not a multiple of 16, as every live worker requires"),
+    ({"prompt": "x", "height": 4096}, "input.height: 4096 is above every live worker's limit (1024)"),
+    ({"prompt": "x", "steps": 9}, "input.steps: 9 is above every live worker's limit (8)"),
+]
+
+
+def test_inputs_outside_the_live_workers_advertised_limits_are_refused_at_submission(served):
+    worker = ready_worker(served, served.proc)
+    assert worker["limits"]["max_side"] == 1024 and worker["limits"]["size_multiple"] == 16  # configs/tiny.toml
+    for inp, why in UNSERVABLE:
+        resp = served.client.http.post("/v1/tasks", json={"input": inp})
+        assert resp.status_code == 422 and resp.json()["detail"] == why
 
 
 def test_same_image_with_one_and_two_ranks(served, make_stack):

@@ -1,7 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
-from protocol import ErrorEnvelope, LeaseRequest, Report, SubmitTask, TaskResult
+from protocol import (BIDI_CONTROLS, ErrorEnvelope, Heartbeat, LeaseRequest, RegisterWorker, Report, SubmitTask,
+                      TaskResult, WorkerLimits)
 
 RESULT = TaskResult(uri="file:///x.png", content_type="image/png", width=16, height=16, seed=1, bytes=3,
                     sha256="ab")
@@ -45,3 +46,26 @@ def test_result_keeps_fields_from_newer_workers():
 def test_lease_request_bounds(body):
     with pytest.raises(ValidationError):
         LeaseRequest.model_validate(body)
+
+
+@pytest.mark.parametrize("code", [*range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+def test_a_prompt_with_a_bidirectional_control_is_refused_naming_the_field_and_the_code_point(code):
+    with pytest.raises(ValidationError, match=f"input.prompt: contains U\\+{code:04X} \\("):
+        SubmitTask.model_validate({"input": {"prompt": f"abc{chr(code)}def"}})
+    assert len(BIDI_CONTROLS) == 9
+
+
+@pytest.mark.parametrize("mark", ["\u200e", "\u200f", "\u061c"])
+def test_direction_marks_are_allowed_in_prompts(mark):
+    assert SubmitTask.model_validate({"input": {"prompt": f"\u05e9\u05dc\u05d5\u05dd{mark}!"}})
+
+
+def test_a_worker_may_advertise_its_limits_and_say_it_drained():
+    base = {"hostname": "h", "world_size": 1, "devices": [], "model": "m", "version": "v"}
+    assert RegisterWorker.model_validate(base).limits is None  # older workers send none
+    limits = {"max_prompt_chars": 2000, "min_side": 64, "max_side": 1024, "max_pixels": 1 << 20,
+              "default_width": 256, "default_height": 256, "max_steps": 8, "output_formats": ["png"]}
+    assert RegisterWorker.model_validate({**base, "limits": limits}).limits == WorkerLimits(**limits, size_multiple=16)
+    with pytest.raises(ValidationError):
+        WorkerLimits.model_validate({**limits, "max_side": 0})
+    assert Heartbeat(status="drained", timestamp=0).status == "drained"

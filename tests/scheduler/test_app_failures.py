@@ -138,3 +138,17 @@ def test_cancel_over_http_queued_held_finished_and_unknown(server):
                    "bytes": 1, "sha256": "0"}})
     assert refused.status_code == 409 and "cancelled" in refused.json()["detail"]
     assert server.get(f"/v1/tasks/{held['id']}").json()["status"] == "cancelled"
+
+
+def test_a_prompt_with_a_bidirectional_control_is_422_naming_the_field_and_the_code_point(server):
+    refused = server.post("/v1/tasks", json={"input": {"prompt": "invoice \u202efdp.exe"}})
+    assert refused.status_code == 422
+    [err] = refused.json()["detail"]
+    assert err["loc"] == ["body", "input"] and "input.prompt: contains U+202E (RIGHT-TO-LEFT OVERRIDE)" in err["msg"]
+    batch = server.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "fine"}},
+                                                          {"input": {"prompt": "\u2067isolated"}}]})
+    assert batch.status_code == 422
+    [err] = batch.json()["detail"]
+    assert err["loc"] == ["body", "tasks", 1, "input"] and "U+2067 (RIGHT-TO-LEFT ISOLATE)" in err["msg"]
+    # A mark only sets the direction of its neighbours (and opens no scope): right-to-left text uses it.
+    assert server.post("/v1/tasks", json={"input": {"prompt": "\u05e9\u05dc\u05d5\u05dd\u200f!"}}).status_code == 201

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from scheduler.app import Settings, create_app
 from tests.harness import REG, drain, register
 
 
@@ -93,3 +95,18 @@ def test_prometheus_discovers_workers_that_registered_an_ops_url(server):
         "worker_id": wid, "hostname": "gpu-node-7", "node_id": "", "__scheme__": "http"}}]
     assert all(t["targets"] for t in targets)
     assert server.post("/v1/workers", json={**REG, "ops_url": "gopher://x"}).status_code == 422
+
+
+def test_a_drained_worker_is_counted_drained_never_lost_and_is_no_longer_a_target(make_store, clock):
+    store = make_store(liveness_s=5.0)
+    with TestClient(create_app(store, Settings(sweep_interval_s=3600))) as http:
+        left, _ = (http.post("/v1/workers", json={**REG, "ops_url": f"http://{h}:9400"}).json()["worker_id"]
+                         for h in ("left", "crashed"))
+        assert http.post(f"/v1/workers/{left}/heartbeat", json={"status": "drained", "timestamp": 0}).status_code == 200
+        clock.now += 6  # past the liveness time for both
+        store.sweep()
+        got = scrape(http)
+        assert value(got, "dit_scheduler_workers", status="drained") == 1
+        assert value(got, "dit_scheduler_workers", status="lost") == 1  # the one that went silent
+        assert http.get("/v1/workers/targets").json() == []
+        assert http.post(f"/v1/workers/{left}/lease", json={"max_tasks": 1}).status_code == 404

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from protocol import SubmitTask
 from scheduler.app import Settings, create_app
 from scheduler.status_page import build_chart
 from tests.harness import REG
@@ -75,3 +76,45 @@ def test_one_gather_serves_every_viewer_for_a_moment(make_store):
         for _ in range(3):
             http.get("/status")
     assert len(calls) == 4
+
+
+def test_a_drained_worker_is_shown_neutrally_and_a_lost_one_red(make_store, clock):
+    store = make_store(liveness_s=5.0)
+    with TestClient(create_app(store, Settings(status_cache_s=0, sweep_interval_s=3600))) as http:
+        left, crashed = (http.post("/v1/workers", json=REG).json()["worker_id"] for _ in range(2))
+        http.post(f"/v1/workers/{left}/heartbeat", json={"status": "drained", "timestamp": 0})
+        clock.now += 6
+        store.sweep()
+        rows = {w: row for row in http.get("/status").text.split('<tr class="worker">')[1:]
+                for w in (left, crashed) if w in row}
+        assert '<td class="muted">drained</td>' in rows[left]
+        assert '<td class="bad">lost</td>' in rows[crashed]
+
+
+def test_in_flight_is_shown_against_the_most_the_worker_may_hold(make_store):
+    with TestClient(create_app(make_store(), Settings(status_cache_s=0))) as http:
+        wid = http.post("/v1/workers", json=REG).json()["worker_id"]
+        # Two rounds waiting (lease_ahead 4) and two generating or unreported (max_pending 4): six
+        # held is within what it may hold, eight, not "6 / 4".
+        http.post(f"/v1/workers/{wid}/heartbeat", json={"status": "ready", "timestamp": 0,
+                                                        "in_flight": [f"t{i}" for i in range(6)],
+                                                        "counters": {"lease_ahead": 4, "max_pending": 4}})
+        assert '<td class="num">6 / 8</td>' in http.get("/status").text
+        http.post(f"/v1/workers/{wid}/heartbeat", json={"status": "ready", "timestamp": 0, "in_flight": ["t1"]})
+        assert '<td class="num">1</td>' in http.get("/status").text  # no bounds heard of: the count alone
+
+
+def test_user_text_is_isolated_so_a_stored_override_cannot_flip_the_page(make_store):
+    store = make_store()
+    with TestClient(create_app(store, Settings(status_cache_s=0))) as http:
+        wid = http.post("/v1/workers", json={**REG, "hostname": "node\u202e7"}).json()["worker_id"]
+        # Stored before submissions refused bidirectional controls: it bypasses today's validation.
+        store.submit(SubmitTask.model_construct(input={"prompt": "a cat \u202eon a mat"}, priority=0,
+                                                idempotency_key=None, max_attempts=None, webhook=None))
+        lease = http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1}).json()["leases"][0]
+        http.post(f"/v1/tasks/{lease['task_id']}/report", json={
+            "worker_id": wid, "lease_token": lease["lease_token"], "status": "succeeded",
+            "result": {**RESULT, "uri": "gs://b/x.png"}})
+        html = http.get("/status").text
+        assert "<figcaption><bdi>a cat \u202eon a mat</bdi>" in html
+        assert "<td><bdi>node\u202e7</bdi></td>" in html

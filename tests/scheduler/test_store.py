@@ -1,11 +1,12 @@
 """The store's rules, with a fake clock so lease expiry needs no sleeping, on both backends: SQLite
 and a real PostgreSQL server (tests/scheduler/conftest.py)."""
 
+import logging
 import threading
 
 import pytest
 
-from protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTask, TaskResult
+from protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTask, TaskResult, WorkerLimits
 from scheduler.store import Conflict, NotFound, SQLiteStore
 
 
@@ -14,9 +15,14 @@ def store(make_store):
     return make_store(lease_ttl_s=10.0, max_attempts=2)
 
 
-def worker(store, node_id: str | None = None) -> str:
+def worker(store, node_id: str | None = None, limits: WorkerLimits | None = None) -> str:
     return store.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m", version="v",
-                                         node_id=node_id))[0]
+                                         node_id=node_id, limits=limits))[0]
+
+
+def limits(max_side: int = 1024) -> WorkerLimits:
+    return WorkerLimits(max_prompt_chars=2000, min_side=64, max_side=max_side, max_pixels=max_side * max_side,
+                        default_width=256, default_height=256, max_steps=8, output_formats=["png"])
 
 
 def submit(store, prompt="p", **kw):
@@ -351,3 +357,81 @@ def test_reports_of_one_task_in_one_call_apply_in_order(store):
     got = store.report_many([(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing")),
                              (t.id, ok(lease.lease_token, w)), (t.id, ok(lease.lease_token, w))])
     assert got[0].status == "processing" and got[1].status == "succeeded" and isinstance(got[2], Conflict)
+
+
+def test_a_drained_worker_is_never_lost_and_its_registration_takes_no_more_work(make_store, clock):
+    s = make_store(liveness_s=5.0, retention_s=100.0)
+    gone, crashed = worker(s), worker(s)
+    s.heartbeat(gone, Heartbeat(status="draining", timestamp=0))
+    reply = s.heartbeat(gone, Heartbeat(status="drained", timestamp=0))
+    assert reply.renewed == {} and reply.lost == []
+    clock.now += 50  # far past the liveness time: silence is expected from a drained worker
+    s.sweep()
+    assert {w.id: w.status for w in s.workers()} == {gone: "drained", crashed: "lost"}
+    assert s.figures().workers_by_status == {"drained": 1, "lost": 1}
+    submit(s)
+    for call in (lambda: s.claim(gone, 1), lambda: s.heartbeat(gone, Heartbeat(status="ready", timestamp=0))):
+        with pytest.raises(NotFound, match=f"worker {gone} has drained and left; register again"):
+            call()
+    assert s.queued_count() == 1  # the refused lease took nothing
+    clock.now += 51
+    s.sweep()
+    assert gone not in {w.id for w in s.workers()}  # pruned like lost and replaced registrations
+
+
+def test_a_drain_that_still_holds_a_task_gives_it_back_at_once(store):
+    w = worker(store)
+    t = submit(store)
+    store.claim(w, 1)
+    reply = store.heartbeat(w, Heartbeat(status="drained", in_flight=[t.id], timestamp=0))
+    assert reply.lost == [t.id] and reply.renewed == {}
+    view = store.get(t.id)
+    assert view.status == "queued" and view.attempts == 1  # the attempt counts, as for a lost worker
+    assert store.reclaimed[("worker_drained", "queued")] == 1
+    assert {v.id: v.in_flight for v in store.workers()}[w] == []
+
+
+def test_a_replaced_registration_stays_replaced_when_it_drains(store):
+    old = worker(store, "node")
+    new = worker(store, "node")
+    store.heartbeat(old, Heartbeat(status="drained", timestamp=0))
+    assert {v.id: v.status for v in store.workers()} == {old: "replaced", new: "initializing"}
+
+
+def test_limits_are_kept_per_worker_and_the_fleet_is_those_that_can_take_tasks(make_store, clock):
+    s = make_store(liveness_s=5.0)
+    small, big, unsaid = worker(s, limits=limits(1024)), worker(s, limits=limits(2048)), worker(s)
+    worker(s, limits=limits(1024))  # the same limits again: one entry
+    assert {v.id: v.limits for v in s.workers()}[small] == limits(1024)
+    assert {v.id: v.limits for v in s.workers()}[unsaid] is None
+    assert sorted(s.fleet_limits(), key=lambda lim: lim.max_side if lim else 0) == [None, limits(1024), limits(2048)]
+    s.heartbeat(big, Heartbeat(status="draining", timestamp=0))  # takes no new tasks
+    s.heartbeat(unsaid, Heartbeat(status="drained", timestamp=0))
+    assert s.fleet_limits() == [limits(1024)]
+    clock.now += 6
+    s.sweep()  # every one of them lost
+    assert s.fleet_limits() == []
+
+
+def test_taking_back_held_tasks_and_losing_a_worker_are_logged(make_store, clock, caplog):
+    caplog.set_level(logging.WARNING, "scheduler.store.sql")
+    s = make_store(lease_ttl_s=10.0, max_attempts=1, liveness_s=30.0)
+    w = worker(s)
+    t = submit(s)
+    s.claim(w, 1)
+    clock.now += 11
+    s.heartbeat(w, Heartbeat(status="ready", timestamp=0))  # alive, but the lease is gone
+    assert s.sweep() == 1
+    [expired] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert expired.getMessage() == f"task {t.id} failed for good: lease_expired (worker {w}, attempt 1 of 1)"
+    assert (expired.task_id, expired.worker_id, expired.attempt) == (t.id, w, 1)
+    caplog.clear()
+    s = make_store(lease_ttl_s=60.0, max_attempts=3, liveness_s=5.0)
+    quiet = worker(s)
+    held = submit(s)
+    s.claim(quiet, 1)
+    clock.now += 7
+    assert s.sweep() == 1
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == [f"task {held.id} requeued: worker_lost (worker {quiet}, attempt 1 of 3)",
+                    f"worker {quiet} (h) lost: no heartbeat for 7s; 1 held task(s) requeued, 0 failed for good"]

@@ -39,6 +39,7 @@ from worker.serving.registration import Registration
 from worker.serving.reporter import Reporter
 from worker.serving.sizing import Sizes
 from worker.serving.task import Task
+from worker.serving.validation import advertised
 from worker.serving.watchdog import Watchdog
 from worker.storage import build_store
 
@@ -53,6 +54,7 @@ class Coordinator:
     def __init__(self, cfg: WorkerConfig, ctx: DistContext, sizes: Sizes, client: QueueClient, guard: Guard,
                  post: PostStage, state: WorkerState, metrics: Metrics) -> None:
         self.ctx = ctx
+        self.queue_url = cfg.queue.url  # named in every message about the scheduler
         self.metrics = metrics
         self.guard = guard
         self.state = state
@@ -72,7 +74,7 @@ class Coordinator:
         self.ops = OpsServer(cfg.ops, metrics, health) if cfg.ops.enabled else None
         self._gpu_metrics = cfg.ops.enabled and cfg.ops.gpu_metrics
         self.registration = Registration(client, self.state, cfg.queue.heartbeat_interval_s, ctx.world_size,
-                                         cfg.model.name, ctx.node_id)
+                                         cfg.model.name, ctx.node_id, advertised(cfg.limits))
         self.reporter = Reporter(client, lambda: self.registration.worker_id, self.state,
                                  cfg.queue.report_deadline_s, metrics, discard=post.discard)
         context = context_parallel(cfg.parallel, ctx.world_size)
@@ -119,7 +121,7 @@ class Coordinator:
     def register(self, devices: list[DeviceInfo]) -> None:
         if self._gpu_metrics:
             self.metrics.watch_gpus(devices)
-        self.registration.register(devices)
+        self.registration.register(devices, interrupt=self._stop)  # a stop signal ends its retries
 
     @property
     def draining(self) -> bool:
@@ -147,6 +149,9 @@ class Coordinator:
                     self._stop_unhealthy(reason)
             self.reporter.settle(0, self._keepalive, self._wait_s)
             broadcast(lockstep.Shutdown("drained"), self.ctx)
+            # Everything held is reported: the scheduler shows this worker `drained`, not `lost`, once
+            # its heartbeats stop. Only here: a worker that ends any other way is a crash to it.
+            self.registration.leave()
         finally:
             self.watchdog.stop()
             self.post.shutdown()

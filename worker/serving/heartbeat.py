@@ -4,7 +4,8 @@ It reports the worker's status, in-flight task ids, warnings and counters every 
 their leases on the scheduler, but only for tasks whose stage is within its deadline: a task that
 stopped moving is not kept alive. The reply names leases this worker has lost, so their results are
 not reported.
-A status change (e.g. to "ready") is sent at once rather than at the next tick.
+A status change (e.g. to "ready") is sent at once rather than at the next tick. At the end of a
+clean drain, `farewell` stops the thread and sends the last heartbeat, status "drained".
 """
 
 from __future__ import annotations
@@ -187,6 +188,26 @@ class HeartbeatThread(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self._state.changed.set()
+
+    def farewell(self) -> bool:
+        """The last heartbeat, once a drain has finished the tasks: status `drained`, so the scheduler
+        closes the registration instead of marking the worker `lost` when the beats stop. The thread
+        is stopped first so that no `draining` beat follows (the scheduler would refuse it anyway).
+        True when the scheduler will not show it `lost`."""
+        self.stop()
+        if self.is_alive():
+            self.join(2 * self._interval)  # a beat under way ends within about its deadline, one interval
+        self._state.set_status("drained")
+        try:
+            self._client.heartbeat(self.worker_id, self._state.snapshot(), deadline_s=self._interval)
+        except NotFound:  # a retry after a lost answer, or a scheduler that forgot it: nothing to mark lost
+            log.info("the scheduler already holds no live registration of worker %s", self.worker_id)
+            return True
+        except QueueError as e:  # leaving anyway: the scheduler's liveness time covers it, as for a crash
+            log.warning("could not tell the scheduler that worker %s drained: %s", self.worker_id, e)
+            return False
+        log.info("told the scheduler that worker %s drained", self.worker_id)
+        return True
 
     def run(self) -> None:
         next_beat = 0.0

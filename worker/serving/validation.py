@@ -11,10 +11,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
+from protocol import WorkerLimits, bidi_control
 from worker.config import LimitsConfig, describe_errors
 from worker.model.job import Job
 
 MAX_SEED = 2**63 - 1
+# Widths and heights must be multiples of it (the VAE's 8 x the transformer's 2x2 patches).
+SIZE_MULTIPLE = 16
 # How a refused input field is described to the client.
 INPUT_WORDS = {"extra_forbidden": "unknown field", "missing": "required"}
 # Task ids name stored objects, so they must be safe as a path segment on every store.
@@ -67,6 +70,10 @@ def _check_prompt(prompt: str, limits: LimitsConfig) -> str:
         raise InvalidRequest(f"prompt: {len(prompt)} characters, the limit is {limits.max_prompt_chars}")
     if "\x00" in prompt:
         raise InvalidRequest("prompt: must not contain NUL characters")
+    # The reference scheduler refuses these at submission; a task from another scheduler may still carry one.
+    if found := bidi_control(prompt):
+        raise InvalidRequest(f"prompt: contains {found}, a bidirectional control character, which would reorder "
+                             "the text shown around the prompt")
     return prompt
 
 
@@ -74,8 +81,8 @@ def _check_side(name: str, value: int | None, default: int, limits: LimitsConfig
     if value is None:
         return default
     # diffusers would silently round a size that is not a multiple of 16: refuse instead.
-    if value % 16:
-        raise InvalidRequest(f"{name}: {value} is not a multiple of 16")
+    if value % SIZE_MULTIPLE:
+        raise InvalidRequest(f"{name}: {value} is not a multiple of {SIZE_MULTIPLE}")
     if not limits.min_side <= value <= limits.max_side:
         raise InvalidRequest(f"{name}: {value} is outside [{limits.min_side}, {limits.max_side}]")
     return value
@@ -95,3 +102,12 @@ def _check_format(value: str | None, limits: LimitsConfig) -> str:
     if value not in limits.output_formats:
         raise InvalidRequest(f"output_format: {value!r} is not one of {list(limits.output_formats)}")
     return value
+
+
+def advertised(limits: LimitsConfig) -> WorkerLimits:
+    """What this validation accepts, as the worker's registration tells the scheduler, so that the
+    scheduler refuses at submission what no live worker would accept."""
+    return WorkerLimits(max_prompt_chars=limits.max_prompt_chars, min_side=limits.min_side, max_side=limits.max_side,
+                        size_multiple=SIZE_MULTIPLE, max_pixels=limits.max_pixels, default_width=limits.default_width,
+                        default_height=limits.default_height, max_steps=limits.max_steps,
+                        output_formats=list(limits.output_formats))

@@ -1,7 +1,8 @@
 import pytest
 
+from protocol import WorkerLimits
 from worker.config import LimitsConfig
-from worker.serving.validation import InvalidRequest, validate_task
+from worker.serving.validation import InvalidRequest, advertised, validate_task
 
 LIMITS = LimitsConfig(min_side=64, max_side=1024, max_pixels=1024 * 768, default_width=256,
                       default_height=256, max_prompt_chars=100)
@@ -23,6 +24,8 @@ def test_full_request():
     ({"prompt": "   "}, "prompt: must not be empty"),
     ({"prompt": "x" * 101}, "prompt: 101 characters, the limit is 100"),
     ({"prompt": "a\x00b"}, "NUL"),
+    ({"prompt": "a \u202ecat"}, "prompt: contains U+202E (RIGHT-TO-LEFT OVERRIDE), a bidirectional control"),
+    ({"prompt": "a \u2066cat"}, "prompt: contains U+2066 (LEFT-TO-RIGHT ISOLATE)"),
     ({"prompt": 42}, "prompt: Input should be a valid string"),
     ({}, "prompt: required"),
     ({"prompt": "x", "width": 100}, "width: 100 is not a multiple of 16"),
@@ -61,3 +64,13 @@ def test_input_must_be_an_object(raw):
 def test_task_ids_must_be_safe_object_names(task_id):
     with pytest.raises(InvalidRequest, match="task id"):
         validate_task(task_id, {"prompt": "x"}, LIMITS)
+
+
+def test_a_direction_mark_is_allowed():
+    assert validate_task("t1", {"prompt": "\u05d7\u05ea\u05d5\u05dc\u200f 3"}, LIMITS).prompt.endswith("3")
+
+
+def test_the_limits_advertised_are_the_ones_validation_applies():
+    assert advertised(LIMITS) == WorkerLimits(max_prompt_chars=100, min_side=64, max_side=1024, size_multiple=16,
+                                              max_pixels=1024 * 768, default_width=256, default_height=256,
+                                              max_steps=8, output_formats=["png", "webp", "jpeg"])
