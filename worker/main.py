@@ -23,7 +23,8 @@ from worker.model.engine import Engine
 from worker.nodedir import NodeDir
 from worker.ranks import distributed, lockstep
 from worker.serving.coordinator import Coordinator, Unhealthy
-from worker.serving.registration import FatalQueueError
+from worker.serving.queue_client import Interrupted, Unavailable
+from worker.serving.registration import REGISTER_DEADLINE_S, FatalQueueError
 from worker.storage import StorageConfigError
 
 log = logging.getLogger("worker")
@@ -62,14 +63,10 @@ def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None
     stop = StopSignals(coordinator)
     stop.install()
     try:
-        if node and _stop_before_serving(node, coordinator, ctx):
-            log.info("stopped before registering: a stop was requested while the group started")
-            node.record_drained()
-            distributed.close(ctx)
-            return 0
         devices = distributed.all_gather(_describe(ctx.device), ctx)
-        if coordinator:
-            coordinator.register(devices)
+        start = distributed.broadcast(_register(coordinator, node, devices), ctx)  # rank 0 decides for all
+        if start != SERVE:
+            return _left_before_serving(start, node, ctx)
         engine = Engine.load(cfg.model, ctx.device, cfg.speed, cfg.parallel, ctx.world_size)
         lockstep.warm_up(engine, cfg.warmup.sizes, range(1, cfg.batch.max_size + 1), cfg.warmup.prompt,
                          cfg.limits.default_steps, ctx, cfg.parallel.mode)
@@ -110,11 +107,42 @@ def _permanent(node: NodeDir | None, code: int, message: str) -> int:
     return code
 
 
-def _stop_before_serving(node: NodeDir, coordinator: Coordinator | None, ctx) -> bool:
-    """Rank 0 decides for the group, so all ranks leave together: a stop that came while this
-    group started (the signal reached no rank, or only rank 0) ends it before it registers."""
-    decision = coordinator is not None and (coordinator.draining or node.stop_requested())
-    return bool(distributed.broadcast(decision, ctx))
+# What rank 0 tells every rank once it has tried to register, so that all leave together.
+SERVE, STOPPED, UNREACHABLE, REFUSED = "serve", "stopped", "unreachable", "refused"
+
+
+def _register(coordinator: Coordinator | None, node: NodeDir | None, devices: list[DeviceInfo]) -> str | None:
+    """A stop that came while the group started (the signal reached no rank, or only rank 0, or it
+    came during a restart and left only the stop file) ends the group before it registers."""
+    if coordinator is None:
+        return None  # followers hear rank 0's decision
+    if coordinator.draining or (node and node.stop_requested()):
+        return STOPPED
+    try:
+        coordinator.register(devices)
+    except Interrupted:
+        return STOPPED
+    except Unavailable as e:
+        log.critical("the scheduler at %s did not answer for %.0fs (%s); exiting for a restart",
+                     coordinator.queue_url, REGISTER_DEADLINE_S, e)
+        return UNREACHABLE
+    except FatalQueueError as e:
+        log.critical("scheduler refused this worker: %s", e)
+        _permanent(node, EXIT_REFUSED, f"scheduler refused this worker: {e}")
+        return REFUSED
+    return SERVE
+
+
+def _left_before_serving(start: str, node: NodeDir | None, ctx) -> int:
+    distributed.close(ctx)
+    if start == UNREACHABLE:
+        return 1  # torchrun starts the group again, which tries again
+    if start == REFUSED:
+        return EXIT_REFUSED
+    log.info("stopped before serving: a stop was requested while the group started")
+    if node:
+        node.record_drained()
+    return 0
 
 
 class StopSignals:
