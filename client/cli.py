@@ -345,7 +345,7 @@ def _dashboard(dit: Client) -> Table:
     for w in dit.workers():
         if w.status == "replaced":
             continue
-        colour = {"ready": "green", "lost": "red"}.get(w.status, "yellow")
+        colour = {"ready": "green", "lost": "red", "drained": "dim"}.get(w.status, "yellow")  # drained: left on purpose
         age = f"{w.last_heartbeat_age_s:.0f}s ago" if w.last_heartbeat_age_s is not None else "never"
         workers.add_row(w.id, w.hostname, f"[{colour}]{w.status}[/]", str(len(w.devices)), str(len(w.in_flight)),
                         str(w.counters.get("images_generated", 0)), age)
