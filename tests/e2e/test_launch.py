@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from launch.local import REPO, Proc, free_port, messages, wait_until
+from launch.local import REPO, free_port, messages, wait_until
 from tests.harness import TINY_CONFIG, rank_pid, ready_worker, run
 
 FINAL = ("succeeded", "failed", "cancelled")
@@ -70,10 +70,6 @@ def test_a_start_error_a_rank_finds_ends_the_node_after_one_restart(make_stack):
     assert stack.registered() == []
 
 
-def torchrun_of(node: Proc) -> psutil.Process:
-    return next(p for p in psutil.Process(node.pid).children() if "torch" in " ".join(p.cmdline()))
-
-
 def test_ctrl_c_drains_a_node_with_tasks_in_flight(make_stack):
     """SIGINT to node.sh's process group, as a terminal sends it: torchrun is not in that group, so
     it does not kill the ranks; every task ends or is handed back at once, and the node exits 0."""
@@ -104,15 +100,22 @@ def test_a_stop_while_torchrun_restarts_the_group_is_kept(make_stack):
     assert len(stack.registered()) == 1  # the restarted group never registered
 
 
-def test_a_sigterm_to_torchrun_itself_drains_and_the_node_exits_0(make_stack):
+def test_a_sigterm_to_every_process_of_the_node_as_slurm_sends_it_is_one_drain(make_stack):
+    """SLURM's --signal and scancel reach every process of the step: node.sh, torchrun (which forwards
+    it again) and each rank. Rank 0 takes the repeats as one stop, torchrun waits DRAIN_S for the
+    ranks instead of 30 s, and node.sh reports the drain as success though torchrun exits 1."""
     stack = make_stack()
     proc = stack.node(nproc=2)
     ready_worker(stack, proc)
     [task] = run(stack, [{"prompt": "before the stop"}], proc=proc)
     assert task["status"] == "succeeded"
-    torchrun_of(proc).send_signal(signal.SIGTERM)
+    node = psutil.Process(proc.pid)
+    for p in [node, *node.children(recursive=True)]:
+        p.send_signal(signal.SIGTERM)
     assert proc.wait(90) == 0, proc.output()[-3000:]
-    assert "node.sh: the ranks drained cleanly" in proc.messages()
+    said = proc.messages()
+    assert "node.sh: the ranks drained cleanly" in said and "follower stopped: drained" in said
+    assert stack.registered()[0]["status"] == "drained"
 
 
 def test_a_node_waiting_for_a_scheduler_that_does_not_answer_stops_on_ctrl_c(make_stack):
