@@ -3,11 +3,21 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
 from tests.harness import Stack
+
+
+def pytest_configure(config):
+    """A shell that starts a job in the background (`make test &`, some CI runners) starts it with
+    SIGINT ignored, every child inherits that, and a shell cannot trap a signal ignored at its entry:
+    node.sh would never see the Ctrl-C its tests send. The processes the tests start get the
+    disposition a terminal gives."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
