@@ -86,14 +86,14 @@ def test_invalid_requests_fail_with_a_reason_and_the_worker_keeps_serving(served
 UNSERVABLE = [
     ({"prompt": "x" * 2001}, "input.prompt: 2001 characters is above every live worker's limit (2000)"),
     ({"prompt": "x", "width": 100}, "input.width: 100 is not a multiple of 16, as every live worker requires"),
-    ({"prompt": "x", "height": 4096}, "input.height: 4096 is above every live worker's limit (1024)"),
+    ({"prompt": "x", "height": 4096}, "input.height: 4096 is above every live worker's limit (1536)"),
     ({"prompt": "x", "steps": 9}, "input.steps: 9 is above every live worker's limit (8)"),
 ]
 
 
 def test_inputs_outside_the_live_workers_advertised_limits_are_refused_at_submission(served):
     worker = ready_worker(served, served.proc)
-    assert worker["limits"]["max_side"] == 1024 and worker["limits"]["size_multiple"] == 16  # configs/tiny.toml
+    assert worker["limits"]["max_side"] == 1536 and worker["limits"]["size_multiple"] == 16  # configs/tiny.toml
     for inp, why in UNSERVABLE:
         resp = served.client.http.post("/v1/tasks", json={"input": inp})
         assert resp.status_code == 422 and resp.json()["detail"] == why
