@@ -60,8 +60,7 @@ def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None
         # other ranks.
         log.critical("not starting: %s", e)
         return _permanent(node, EXIT_PERMANENT, f"not starting: {e}")
-    stop = StopSignals(coordinator)
-    stop.install()
+    StopSignals(coordinator).install()
     try:
         devices = distributed.all_gather(_describe(ctx.device), ctx)
         start = distributed.broadcast(_register(coordinator, node, devices), ctx)  # rank 0 decides for all
