@@ -1,0 +1,146 @@
+"""The scheduler's settings tree: one typed section per component, each component receiving only its
+own (the store: `database` and `store`; the HTTP API: `api`). Rules that span sections, and the two
+that need the environment (tokens off loopback, a key for webhooks), are checked here, so a
+combination that cannot work is refused at start, naming the field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+
+class Section(BaseModel):
+    """Unknown keys and loose types are errors; values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ServerConfig(Section):
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(8700, ge=0, le=65535, description="0: any free port")
+
+
+class DatabaseConfig(Section):
+    # An SQLite file (WAL mode; one scheduler process), or postgresql://user@host/db for several.
+    url: str = Field("var/scheduler.db", min_length=1)
+    # PostgreSQL connections per pool, two pools per process; ignored for SQLite.
+    pool_size: int = Field(4, ge=1)
+
+
+class StoreConfig(Section):
+    """How tasks are leased and how long what ended is kept. The names are open_store's keywords."""
+
+    lease_ttl_s: float = Field(60.0, gt=0, description="a lease lives this long without renewal")
+    max_attempts: int = Field(3, ge=1, description="leases per task before it fails for good")
+    liveness_s: float = Field(90.0, gt=0, description="a worker silent this long is lost; its tasks go back")
+    retention_s: float = Field(86400.0, ge=0, description="lost and replaced worker registrations stay listed")
+    task_retention_s: float = Field(7 * 86400.0, ge=0, description="an ended task is kept (its expires_at)")
+
+
+class ApiConfig(Section):
+    """The HTTP API: every field of scheduler.app.Settings by the same name and default, except its
+    three secrets, which come from the environment variables named by the `*_env` fields."""
+
+    worker_tokens_env: str = Field("DIT_WORKER_TOKENS", min_length=1, description="comma-separated tokens")
+    client_tokens_env: str = Field("DIT_CLIENT_TOKENS", min_length=1, description="comma-separated tokens")
+    webhook_secret_env: str = Field("DIT_WEBHOOK_SECRET", min_length=1, description="HMAC-SHA256 key")
+    max_queued: int = Field(100_000, ge=0, description="429 to clients beyond this backlog")
+    max_body_bytes: int = Field(1 << 20, ge=1, description="413 beyond")
+    sweep_interval_s: float = Field(1.0, gt=0)
+    rate_limit: float = Field(0.0, ge=0, description="tasks per second per client; 0: no limit")
+    rate_burst: float = Field(0.0, ge=0, description="0: ten seconds' worth of rate_limit")
+    ready_deadline_s: float = Field(2.0, gt=0)
+    status_cache_s: float = Field(2.0, ge=0)
+    max_wait_s: float = Field(60.0, ge=0)
+    wait_poll_s: float = Field(1.0, gt=0)
+    webhook_allow: tuple[str, ...] = ()
+    webhook_max_age_s: float = Field(3600.0, gt=0)
+    remove_expired_results: bool = False
+    # Resolved against the working directory, as the app compares resolved paths.
+    results_roots: tuple[Path, ...] = ()
+    admit_unservable: bool = False
+    poll_s: float = Field(5.0, gt=0)
+
+    @field_validator("results_roots", mode="before")
+    @classmethod
+    def _resolved(cls, value):
+        if isinstance(value, (list, tuple)) and all(isinstance(v, (str, Path)) for v in value):
+            return tuple(Path(v).resolve() for v in value)
+        return value  # strict validation names what is wrong
+
+
+class LoggingConfig(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    # One JSON object per line (for log shippers), or readable text; auto: text on a terminal.
+    format: Literal["auto", "json", "text"] = "auto"
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _any_case(cls, value):
+        return value.upper() if isinstance(value, str) else value  # --log-level debug worked before
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """What the `api.*_env` variables hold; never in a file, never in a repr."""
+
+    worker_tokens: frozenset[str] = field(default=frozenset(), repr=False)
+    client_tokens: frozenset[str] = field(default=frozenset(), repr=False)
+    webhook_secret: bytes = field(default=b"", repr=False)
+
+
+def read_secrets(api: ApiConfig, environ: Mapping[str, str]) -> Secrets:
+    def tokens(name: str) -> frozenset[str]:
+        return frozenset(t.strip() for t in environ.get(name, "").split(",") if t.strip())
+
+    return Secrets(tokens(api.worker_tokens_env), tokens(api.client_tokens_env),
+                   environ.get(api.webhook_secret_env, "").encode())
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+class SchedulerConfig(Section):
+    """The whole tree. A section the file leaves out takes its defaults. Validate with
+    context={"environ": ...} to check against other than os.environ."""
+
+    server: ServerConfig
+    database: DatabaseConfig
+    store: StoreConfig
+    api: ApiConfig
+    logging: LoggingConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _missing_sections_are_empty(cls, data):
+        if not isinstance(data, dict):
+            return data
+        return {**{name: {} for name in cls.model_fields}, **data}
+
+    @model_validator(mode="after")
+    def _can_work(self, info: ValidationInfo) -> "SchedulerConfig":
+        api = self.api
+        if 0 < api.rate_burst < 1 and api.rate_limit > 0:
+            raise ValueError("api.rate_burst: under 1, no task could ever be submitted; "
+                             "at least 1, or 0 for ten seconds' worth of api.rate_limit")
+        secrets = read_secrets(api, (info.context or {}).get("environ", os.environ))
+        if api.webhook_allow and not secrets.webhook_secret:
+            raise ValueError(f"api.webhook_allow: --webhook-allow needs a signing key: set {api.webhook_secret_env} "
+                             "(a long random string shared with the receivers)")
+        # Empty token sets switch auth off: only where nothing but this machine can reach it.
+        if not (secrets.worker_tokens and secrets.client_tokens) and not is_loopback(self.server.host):
+            raise ValueError(f"server.host: refusing to listen on {self.server.host} without auth: set "
+                             f"{api.worker_tokens_env} and {api.client_tokens_env} (comma-separated tokens)")
+        return self
