@@ -18,6 +18,8 @@ from telemetry import logs
 from scheduler.store import open_store
 
 log = logging.getLogger("scheduler")
+# A setting that cannot work: restarting cannot cure it (argparse exits 2 for a bad flag, too).
+EXIT_CONFIG = 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.set, flag_values(args))
     except ConfigError as e:
         print(f"scheduler: {e}", file=sys.stderr)  # one line naming the field; no traceback
-        return 2
+        return EXIT_CONFIG
     logs.configure(cfg.logging.level, cfg.logging.format)
     settings = app_settings(cfg.api, read_secrets(cfg.api, os.environ))
     db, server = cfg.database, cfg.server

@@ -59,6 +59,14 @@ def test_the_worker_unit_does_not_restart_what_no_restart_can_cure():
     assert {int(c) for c in codes} == {EXIT_PERMANENT, EXIT_REFUSED, CHECK_PERMANENT}
 
 
+def test_the_scheduler_unit_does_not_restart_a_setting_that_cannot_work():
+    from scheduler.__main__ import EXIT_CONFIG
+
+    unit = (UNITS / "dit-scheduler.service").read_text()
+    codes = next(line.split("=")[1].split() for line in unit.splitlines() if line.startswith("RestartPreventExitStatus="))
+    assert [int(c) for c in codes] == [EXIT_CONFIG]
+
+
 def test_the_scheduler_env_template_names_what_its_unit_uses():
     unit = (UNITS / "dit-scheduler.service").read_text()
     env = (UNITS / "scheduler.env").read_text()
