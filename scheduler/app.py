@@ -297,9 +297,9 @@ async def _sweep_forever(app: FastAPI) -> None:
     while True:
         await asyncio.sleep(app.state.settings.sweep_interval_s)
         try:
-            if moved := await app.state.store.acall(app.state.store.sweep):
+            if moved := await app.state.store.acall(app.state.store.upkeep.sweep):
                 app.state.waiters.notify(moved)
-            if expired := await app.state.store.acall(app.state.store.purge):
+            if expired := await app.state.store.acall(app.state.store.upkeep.purge):
                 await run_in_threadpool(_remove_results, expired, app.state.settings)
         except Exception:  # a locked or broken DB must not end the sweeper
             log.exception("lease sweep failed")
@@ -329,7 +329,7 @@ def _client_routes(app: FastAPI) -> None:
         await _check_servable(app, [body])
         await _admit(app, request, 1)
         try:
-            task, created = await store.acall(store.submit, body)
+            task, created = await store.acall(store.tasks.submit, body)
         except Conflict as e:
             submissions.labels("conflict").inc()
             raise HTTPException(409, str(e)) from e
@@ -351,7 +351,7 @@ def _client_routes(app: FastAPI) -> None:
         await _check_servable(app, body.tasks)
         await _admit(app, request, len(body.tasks))
         try:
-            out = await store.acall(store.submit_many, body.tasks)
+            out = await store.acall(store.tasks.submit_many, body.tasks)
         except Conflict as e:
             submissions.labels("conflict").inc(len(body.tasks))
             raise HTTPException(409, str(e)) from e
@@ -365,7 +365,7 @@ def _client_routes(app: FastAPI) -> None:
     async def queue_figures() -> QueueFigures:
         """Depth per priority, the oldest queued task's age, tasks ended in the last 1, 5 and 15
         minutes, workers by status: for autoscalers and dashboards."""
-        return await run_in_threadpool(store.figures)  # may scan: never on the event loop
+        return await run_in_threadpool(store.tasks.figures)  # may scan: never on the event loop
 
     @app.get("/v1/tasks/{task_id}", response_model=TaskView, tags=["clients"],
              dependencies=[Depends(client_auth)], responses={404: {}})
@@ -373,7 +373,7 @@ def _client_routes(app: FastAPI) -> None:
             "long poll: answer once the task ends, or after this many seconds (capped by the scheduler)"))
             ) -> TaskView:
         try:
-            task = await store.acall(store.get, task_id)
+            task = await store.acall(store.tasks.get, task_id)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
         return await _waited(app, task, min(wait_s, app.state.settings.max_wait_s))
@@ -385,7 +385,7 @@ def _client_routes(app: FastAPI) -> None:
         (`cancel_requested_at`): its worker drops it or discards its result, and it ends `cancelled`,
         never `succeeded`. A task that has ended answers 409 and does not change."""
         try:
-            task = await store.acall(store.cancel, task_id)
+            task = await store.acall(store.reports.cancel, task_id)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
         except Conflict as e:
@@ -397,7 +397,7 @@ def _client_routes(app: FastAPI) -> None:
     @app.get("/v1/tasks", response_model=TaskList, tags=["clients"], dependencies=[Depends(client_auth)])
     async def list_tasks(status: TaskStatus | None = None, limit: int = Query(100, ge=1, le=1000),
                          offset: int = Query(0, ge=0, le=1_000_000_000)) -> TaskList:
-        return TaskList(tasks=await run_in_threadpool(store.list, status, limit, offset))
+        return TaskList(tasks=await run_in_threadpool(store.tasks.list, status, limit, offset))
 
 
 def _worker_routes(app: FastAPI) -> None:
@@ -408,7 +408,7 @@ def _worker_routes(app: FastAPI) -> None:
     @app.post("/v1/workers", status_code=201, response_model=Registered, tags=["workers"],
               dependencies=auth)
     async def register(body: RegisterWorker) -> Registered:
-        worker_id, requeued = await store.acall(store.register, body)
+        worker_id, requeued = await store.acall(store.workers.register, body)
         log.info("registered %s: %s, %d rank(s), model %s, node %s", worker_id, body.hostname,
                  body.world_size, body.model, body.node_id)
         if requeued:
@@ -418,13 +418,13 @@ def _worker_routes(app: FastAPI) -> None:
 
     @app.get("/v1/workers", response_model=list[WorkerView], tags=["workers"], dependencies=[Depends(reader_auth)])
     async def list_workers() -> list[WorkerView]:
-        return await run_in_threadpool(store.workers)
+        return await run_in_threadpool(store.workers.workers)
 
     @app.get("/v1/workers/targets", tags=["workers"], dependencies=[Depends(client_auth)])
     async def metrics_targets() -> list[dict]:
         """Every live worker's /metrics in Prometheus's HTTP service discovery format
         (http_sd_configs): launch a node and Prometheus finds it."""
-        return prometheus_targets(await run_in_threadpool(store.workers))
+        return prometheus_targets(await run_in_threadpool(store.workers.workers))
 
     @app.post("/v1/workers/{worker_id}/lease", response_model=LeaseResponse, tags=["workers"],
               dependencies=auth, responses={204: {"description": "no work within wait_s"}, 404: {}})
@@ -435,7 +435,7 @@ def _worker_routes(app: FastAPI) -> None:
             woken = waiters.enlist()  # before the claim, so work added meanwhile is not missed
             got = []
             try:
-                got = await store.aclaim(worker_id, body.max_tasks)
+                got = await store.claims.aclaim(worker_id, body.max_tasks)
                 left = end - time.monotonic()
                 if got or left <= 0:
                     break
@@ -453,7 +453,7 @@ def _worker_routes(app: FastAPI) -> None:
               dependencies=auth, responses={404: {}})
     async def heartbeat(worker_id: str, body: Heartbeat) -> HeartbeatReply:
         try:
-            return await store.acall(store.heartbeat, worker_id, body)
+            return await store.acall(store.workers.heartbeat, worker_id, body)
         except NotFound as e:
             raise HTTPException(404, str(e)) from e
 
@@ -462,7 +462,7 @@ def _worker_routes(app: FastAPI) -> None:
         """Several tasks' reports in one call, each applied on its own and atomically: the
         answer holds, per report, the status code its single call would have had."""
         items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in body.reports]
-        outcomes = await store.areport_many(items)
+        outcomes = await store.reports.areport_many(items)
         results = []
         for (task_id, rep), out in zip(items, outcomes):
             metrics.reports.labels(rep.status, _report_outcome(out)).inc()
@@ -480,7 +480,7 @@ def _worker_routes(app: FastAPI) -> None:
               dependencies=auth, responses={404: {}, 409: {"description": "stale lease token"}})
     async def report(task_id: str, body: Report) -> TaskView:
         try:
-            task = await store.areport(task_id, body)
+            task = await store.reports.areport(task_id, body)
         except (NotFound, Conflict) as e:
             metrics.reports.labels(body.status, _report_outcome(e)).inc()
             if _ended(e):
@@ -508,7 +508,7 @@ async def _check_servable(app: FastAPI, tasks: list[SubmitTask]) -> None:
     if app.state.settings.admit_unservable:
         return
     store: Store = app.state.store
-    fleet = await store.acall(store.fleet_limits)
+    fleet = await store.acall(store.workers.fleet_limits)
     for i, task in enumerate(tasks):
         if why := servable.refusal(task.input, fleet):
             app.state.metrics.submissions.labels("unservable").inc(len(tasks))
@@ -519,7 +519,7 @@ async def _admit(app: FastAPI, request: Request, n: int) -> None:
     """429 with a Retry-After when the queue is full or this client is over its rate; n tasks."""
     settings: Settings = app.state.settings
     store: Store = app.state.store
-    queued = await store.acall(store.queued_count)
+    queued = await store.acall(store.tasks.queued_count)
     if queued + n > settings.max_queued:
         app.state.metrics.submissions.labels("refused").inc(n)
         retry = retry_after_s(queued + n - settings.max_queued, await _pace(app))
@@ -542,7 +542,7 @@ async def _pace(app: FastAPI) -> int:
     pace = app.state.pace
     if time.monotonic() - pace["at"] > 5:
         store: Store = app.state.store
-        pace.update(at=time.monotonic(), ended=await run_in_threadpool(store.ended_since, 60))
+        pace.update(at=time.monotonic(), ended=await run_in_threadpool(store.tasks.ended_since, 60))
     return pace["ended"]
 
 
@@ -567,7 +567,7 @@ async def _waited(app: FastAPI, task: TaskView, wait_s: float) -> TaskView:
         return task
     store: Store = app.state.store
     await app.state.watch.wait(task.id, wait_s)
-    return await store.acall(store.get, task.id)
+    return await store.acall(store.tasks.get, task.id)
 
 
 def _report_outcome(out: object) -> str:

@@ -56,7 +56,7 @@ class QueueCollector(Collector):
         self._store = store
 
     def collect(self) -> Iterator[Metric]:
-        fig = self._store.figures()
+        fig = self._store.tasks.figures()
         depth = GaugeMetricFamily("dit_scheduler_queue_depth", "Queued tasks, by priority", labels=["priority"])
         for priority, n in sorted(fig.queued_by_priority.items(), key=lambda kv: int(kv[0])):
             depth.add_metric([priority], n)

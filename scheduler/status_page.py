@@ -80,10 +80,11 @@ class Page:
 
 def gather(store: Store) -> Page:
     """Everything the page shows, read from the database (call it off the event loop)."""
-    workers = [w for w in store.workers() if w.status not in ("replaced",)]
-    return Page(now=time.time(), figures=store.figures(), workers=workers,
-                chart=build_chart(store.history(HOUR_S, BUCKET_S)),
-                results=store.recent("succeeded", HOUR_S, RECENT), failures=store.recent("failed", HOUR_S, 20))
+    workers = [w for w in store.workers.workers() if w.status not in ("replaced",)]
+    return Page(now=time.time(), figures=store.tasks.figures(), workers=workers,
+                chart=build_chart(store.tasks.history(HOUR_S, BUCKET_S)),
+                results=store.tasks.recent("succeeded", HOUR_S, RECENT),
+                failures=store.tasks.recent("failed", HOUR_S, 20))
 
 
 # A worker's status colour: ready green, lost red, a registration closed on purpose (drained,
@@ -124,7 +125,7 @@ def thumb_src(task: TaskView) -> str | None:
 def thumbnail(store: Store, roots: tuple[Path, ...], task_id: str) -> bytes:
     """A small PNG of a succeeded task's local result. NotFound unless the file lies under one of
     `roots` (resolved, so ../ and symlinks cannot leave them) and opens as an image."""
-    task = store.get(task_id)
+    task = store.tasks.get(task_id)
     if task.status != "succeeded" or task.result is None or not task.result.uri.startswith("file://"):
         raise NotFound(f"task {task_id} has no local result")
     if (path := local_path(task.result.uri, roots)) is None:

@@ -64,6 +64,6 @@ class TaskWatch:
             if not ids:
                 break
             try:
-                self.ended(await self._store.acall(self._store.ended_among, ids))
+                self.ended(await self._store.acall(self._store.tasks.ended_among, ids))
             except Exception:  # the database away: waiters time out or the next poll finds them
                 log.exception("polling %d waited task(s) failed", len(ids))

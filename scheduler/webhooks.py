@@ -73,7 +73,7 @@ class Dispatcher:
         try:
             while True:
                 try:
-                    claimed = await self._store.acall(self._store.claim_webhooks, self._batch)
+                    claimed = await self._store.acall(self._store.upkeep.claim_webhooks, self._batch)
                 except Exception:  # the database away: try again on the next tick
                     log.exception("claiming due webhooks failed")
                     claimed = []
@@ -100,7 +100,7 @@ class Dispatcher:
         delivered = code is not None and 200 <= code < 300
         attempt = WebhookAttempt(event=event, at=time.time(), status_code=code, error=error, delivered=delivered)
         next_due = self._next_due(task, event, attempt)
-        await self._store.acall(self._store.webhook_attempted, task.id, attempt, mark, next_due)
+        await self._store.acall(self._store.upkeep.webhook_attempted, task.id, attempt, mark, next_due)
         if self._metrics is not None:
             outcome = "delivered" if delivered else "failed" if next_due is not None else "gave_up"
             self._metrics.webhooks.labels(event, outcome).inc()

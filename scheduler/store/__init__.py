@@ -1,15 +1,17 @@
-"""The scheduler's durable state behind one interface (base.Store): SQLite, the embedded default
-(sqlite.py), or PostgreSQL for several scheduler processes (postgres.py). `open_store` picks the
-backend from the --db value."""
+"""The scheduler's durable state behind one interface (base.Store, its calls grouped by role:
+store.tasks, .workers, .claims, .reports, .upkeep): SQLite, the embedded default (sqlite.py), or
+PostgreSQL for several scheduler processes (postgres.py), with one schema (migrations/). `open_store`
+picks the backend from the --db value."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from scheduler.store.base import Cancelled, Conflict, NotFound, Store
+from scheduler.store.base import Cancelled, Claims, Conflict, NotFound, Reports, Store, Tasks, Upkeep, Workers
 from scheduler.store.sqlite import SQLiteStore
 
-__all__ = ["Cancelled", "Conflict", "NotFound", "SQLiteStore", "Store", "open_store"]
+__all__ = ["Cancelled", "Claims", "Conflict", "NotFound", "Reports", "SQLiteStore", "Store", "Tasks", "Upkeep",
+           "Workers", "open_store"]
 
 
 def open_store(db: str | Path, **options) -> Store:

@@ -1,5 +1,6 @@
-"""What every store backend shares: the interface the HTTP app calls, its errors, and the views built
-from a task or worker row (both backends keep the same columns, JSON held as text)."""
+"""What every store backend shares: the interface the HTTP app calls (one Protocol per role, and the
+Store that holds them), its errors, and the views built from a task or worker row (both backends
+keep the same columns, JSON held as text)."""
 
 from __future__ import annotations
 
@@ -35,16 +36,8 @@ class Cancelled(Conflict):
     """A report on a task a client cancelled: refused, and the task is now `cancelled`."""
 
 
-class Store(Protocol):
-    """The scheduler's state. Every state change is atomic; reads never block writers."""
-
-    lease_ttl_s: float
-    max_attempts: int
-    location: str  # the file or URL it was opened on
-    inline: bool  # calls are in-process and short: the app makes them on its event loop
-    # Held tasks this process took back (expired lease, lost or restarted worker), by (reason code,
-    # "queued" or "failed"); a tally for /metrics.
-    reclaimed: Counter[tuple[str, str]]
+class Tasks(Protocol):
+    """Submits and reads."""
 
     def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
         """(task, created). A repeated idempotency key returns the first task."""
@@ -55,9 +48,6 @@ class Store(Protocol):
     def get(self, task_id: str) -> TaskView: ...
 
     def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]: ...
-
-    def ping(self) -> None:
-        """One round trip to the database; raises when it cannot be reached."""
 
     def ended_among(self, task_ids: list[str]) -> list[str]:
         """Those of `task_ids` in a final state."""
@@ -75,8 +65,14 @@ class Store(Protocol):
     def history(self, window_s: float, bucket_s: int) -> list[dict]:
         """Rows of (bucket, status, n, mean_s, max_s): tasks ended per time bucket in the window."""
 
+
+class Workers(Protocol):
+    """Registrations and heartbeats."""
+
     def register(self, req: RegisterWorker) -> tuple[str, int]:
         """(worker id, tasks requeued from the node's earlier registrations)."""
+
+    def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply: ...
 
     def workers(self) -> list[WorkerView]: ...
 
@@ -84,20 +80,42 @@ class Store(Protocol):
         """The distinct limits of the workers that can take tasks (initializing, ready); None for
         one that advertised none. Empty when there is no such worker."""
 
+
+class Claims(Protocol):
+    """Claims and leases."""
+
     def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
         """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO."""
 
-    def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply: ...
+    async def aclaim(self, worker_id: str, max_tasks: int) -> list[Lease]: ...
+
+
+class Reports(Protocol):
+    """Reports and outcomes."""
 
     def report(self, task_id: str, rep: Report) -> TaskView: ...
+
+    async def areport(self, task_id: str, rep: Report) -> TaskView: ...
+
+    def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
+        """Each report applied on its own, atomically, in order; a refused one returned as its error."""
+
+    async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]: ...
 
     def cancel(self, task_id: str) -> TaskView:
         """Queued: `cancelled` at once. Leased or processing: marked (cancel_requested_at); its
         worker learns it from the heartbeat reply and any later report ends it `cancelled`; its lease
         expiring does too. Conflict when the task has already ended."""
 
-    def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
-        """Each report applied on its own, atomically, in order; a refused one returned as its error."""
+
+class Upkeep(Protocol):
+    """Maintenance: sweeps, retention, webhooks. Never inside a request."""
+
+    def sweep(self) -> int:
+        """Requeues (or fails) tasks whose lease expired; the number of tasks it moved."""
+
+    def purge(self, limit: int = 5000) -> list[str]:
+        """Removes ended tasks past their retention (`expires_at`); the result URIs they held."""
 
     def claim_webhooks(self, limit: int, hold_s: float = 60.0) -> list[tuple[TaskView, float]]:
         """Tasks with a webhook event due, held for `hold_s`: (task, claim mark)."""
@@ -105,11 +123,25 @@ class Store(Protocol):
     def webhook_attempted(self, task_id: str, attempt: "WebhookAttempt", mark: float, next_due: float | None) -> None:
         """Records a delivery attempt; `next_due` None when delivered or given up."""
 
-    def purge(self, limit: int = 5000) -> list[str]:
-        """Removes ended tasks past their retention (`expires_at`); the result URIs they held."""
 
-    def sweep(self) -> int:
-        """Requeues (or fails) tasks whose lease expired; the number of tasks it moved."""
+class Store(Protocol):
+    """The scheduler's state, by role. Every state change is atomic; reads never block writers."""
+
+    lease_ttl_s: float
+    max_attempts: int
+    location: str  # the file or URL it was opened on
+    inline: bool  # calls are in-process and short: the app makes them on its event loop
+    # Held tasks this process took back (expired lease, lost or restarted worker), by (reason code,
+    # "queued", "failed" or "cancelled"); a tally for /metrics.
+    reclaimed: Counter[tuple[str, str]]
+    tasks: Tasks
+    workers: Workers
+    claims: Claims
+    reports: Reports
+    upkeep: Upkeep
+
+    def ping(self) -> None:
+        """One round trip to the database; raises when it cannot be reached."""
 
     def close(self) -> None: ...
 
@@ -120,13 +152,7 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
     async def acall(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Any of the blocking calls above, from the event loop (on it, or on a thread)."""
-
-    async def aclaim(self, worker_id: str, max_tasks: int) -> list[Lease]: ...
-
-    async def areport(self, task_id: str, rep: Report) -> TaskView: ...
-
-    async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]: ...
+        """Any of the roles' blocking calls, from the event loop (on it, or on a thread)."""
 
 
 def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskView:

@@ -1,10 +1,11 @@
 """The store on PostgreSQL (psycopg 3, psycopg_pool): for fleets, with several scheduler processes
 behind a load balancer sharing one database and coordinating through it alone.
 
-- The rules are sql.py's. A claim's inner SELECT takes `FOR UPDATE SKIP LOCKED`, so concurrent
-  claims never wait on, or take, each other's rows; a report locks its task's row.
-- The schema comes from the numbered files in migrations/, applied at start in order under an
-  advisory lock (schedulers starting together apply each once); `schema_migrations` records them.
+- The rules are in the store's roles (sql.py). A claim's inner SELECT takes `FOR UPDATE SKIP
+  LOCKED`, so concurrent claims never wait on, or take, each other's rows; a report locks its
+  task's row (its UPDATE, or a failure's locked read).
+- The schema comes from the numbered files in migrations/ (schema.py, as for SQLite), applied at
+  start under an advisory lock (schedulers starting together apply each once).
 - The request path's hot calls (claim, reports) run on the app's event loop through psycopg's
   async pool (each step one round trip; a round's reports pipelined by executemany); the others
   use the blocking pool from the app's thread pool. Pool connections are in autocommit.
@@ -20,10 +21,11 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from importlib import resources
 from typing import Any
 
-from scheduler.store.sql import Plan, SQLStore, WriteEach
+from scheduler.store import schema
+from scheduler.store.plans import Plan, WriteEach
+from scheduler.store.sql import SQLStore
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,9 @@ class PostgresStore(SQLStore):
         self._pool.open(wait=True, timeout=30)
         self._pool_size = pool_size
         self._apool = None  # the async pool, opened on the app's loop (aopen)
-        self._migrate()
+        with self._tx() as db:  # schedulers starting together: one applies, the others find it done
+            db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATIONS_LOCK,))
+            schema.apply(db, "postgres")
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -132,21 +136,6 @@ class PostgresStore(SQLStore):
             return done.value
 
     # ------------------------------------------------------------ start-up and wake-ups
-
-    def _migrate(self) -> None:
-        files = sorted((f for f in resources.files("scheduler.store").joinpath("migrations").iterdir()
-                        if f.name.endswith(".sql")), key=lambda f: f.name)
-        with self._tx() as db:
-            db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATIONS_LOCK,))
-            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
-                       " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
-            done = {r["version"] for r in db.execute("SELECT version FROM schema_migrations")}
-            for f in files:
-                version = int(f.name.split("_", 1)[0])
-                if version not in done:
-                    log.info("applying migration %s", f.name)
-                    db._conn.execute(f.read_text())
-                    db.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", (version, f.name))
 
     def listen(self, on_work: Callable[[int], None]) -> None:
         """Calls on_work(n) when another scheduler process announces n tasks; on a thread of its own."""

@@ -1,8 +1,9 @@
 """Durable task and worker state in SQLite (WAL mode): the embedded default backend.
 
-The rules are in sql.py. Here: every state change is one `BEGIN IMMEDIATE` transaction, so a claim
-is atomic even when several scheduler processes share the file; reads run on a connection of their
-own per thread and never wait for the write lock (WAL readers see the last commit).
+The rules are in the store's roles (sql.py), the schema in migrations/ (schema.py). Here: every
+state change is one `BEGIN IMMEDIATE` transaction, so a claim is atomic even when several scheduler
+processes share the file; reads run on a connection of their own per thread and never wait for the
+write lock (WAL readers see the last commit).
 
 The app makes its state-changing calls on its event loop (`inline`): each takes well under a
 millisecond in-process, less than handing it to a thread and back. So one scheduler process per
@@ -20,60 +21,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scheduler.store import schema
 from scheduler.store.sql import SQLStore
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    idempotency_key TEXT UNIQUE,
-    input TEXT NOT NULL,
-    priority INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL,
-    worker_id TEXT,
-    lease_token TEXT,
-    lease_deadline REAL,
-    result TEXT,
-    error TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL
-);
-CREATE INDEX IF NOT EXISTS tasks_queue ON tasks (status, priority DESC, seq);
-CREATE INDEX IF NOT EXISTS tasks_lease ON tasks (status, lease_deadline);
-CREATE TABLE IF NOT EXISTS workers (
-    id TEXT PRIMARY KEY,
-    info TEXT NOT NULL,
-    status TEXT NOT NULL,
-    in_flight TEXT NOT NULL DEFAULT '[]',
-    registered_at REAL NOT NULL,
-    last_heartbeat REAL,
-    warnings TEXT NOT NULL DEFAULT '[]',
-    counters TEXT NOT NULL DEFAULT '{}',
-    safety_policy TEXT
-);
-"""
-
-# Columns added after the first release, with their definitions: added to older databases at open.
-MIGRATIONS = {
-    "tasks": {"cancel_requested_at": "REAL", "webhook": "TEXT", "webhook_due": "REAL",
-              "webhook_attempts": "TEXT NOT NULL DEFAULT '[]'"},
-    "workers": {"warnings": "TEXT NOT NULL DEFAULT '[]'", "counters": "TEXT NOT NULL DEFAULT '{}'",
-                "node_id": "TEXT", "safety_policy": "TEXT", "limits": "TEXT"},
-}
-INDEXES = ["CREATE INDEX IF NOT EXISTS workers_node ON workers (node_id)",
-           "CREATE INDEX IF NOT EXISTS tasks_worker ON tasks (worker_id, status)",
-           "CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at) WHERE finished_at IS NOT NULL",
-           "CREATE INDEX IF NOT EXISTS tasks_webhook_due ON tasks (webhook_due) WHERE webhook_due IS NOT NULL"]
 
 
 class SQLiteStore(SQLStore):
     inline = True
     TOKEN_SQL = "lower(hex(randomblob(18)))"  # 144 random bits
     GREATEST = "MAX"
+    # Without statistics (no ANALYZE) its planner prefers tasks_status and sorts the whole queue.
+    QUEUE_INDEX = " INDEXED BY tasks_queue"
 
     def __init__(self, path: str | Path, **options: Any) -> None:
         super().__init__(**options)
@@ -81,10 +38,9 @@ class SQLiteStore(SQLStore):
         self._lock = threading.Lock()
         self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
-        _migrate(self._db)
-        for index in INDEXES:
-            self._db.execute(index)
+        with self._tx() as db:
+            adopt_inline_schema(db)
+            schema.apply(db, "sqlite")
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
 
@@ -125,9 +81,37 @@ class SQLiteStore(SQLStore):
                 db.close()
 
 
-def _migrate(db: sqlite3.Connection) -> None:
-    for table, columns in MIGRATIONS.items():
+# The schema before the migrations was written here, applied at open (CREATE ... IF NOT EXISTS),
+# with these columns added to files made before them. A file it made may still lack some.
+INLINE_ADDED = {
+    "tasks": {"cancel_requested_at": "REAL", "webhook": "TEXT", "webhook_due": "REAL",
+              "webhook_attempts": "TEXT NOT NULL DEFAULT '[]'"},
+    "workers": {"warnings": "TEXT NOT NULL DEFAULT '[]'", "counters": "TEXT NOT NULL DEFAULT '{}'",
+                "node_id": "TEXT", "safety_policy": "TEXT", "limits": "TEXT"},
+}
+INLINE_UNTIL = 6  # the last migration whose changes it had made too
+# Its indexes that the migrations make otherwise (partial, as PostgreSQL's always were).
+INLINE_INDEXES = ("tasks_queue", "tasks_lease", "tasks_worker")
+
+
+def adopt_inline_schema(db: sqlite3.Connection) -> None:
+    """A file from before the migrations (tables, no schema_migrations) is made what they make: its
+    missing columns added as the inline schema did, its indexes those of the migrations, and
+    migrations 1 to INLINE_UNTIL recorded as applied. Its data stays as it is."""
+    tables = {r["name"] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "tasks" not in tables or "schema_migrations" in tables:
+        return
+    for table, columns in INLINE_ADDED.items():
         have = {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}
         for name, definition in columns.items():
             if name not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+    for index in INLINE_INDEXES:
+        db.execute(f"DROP INDEX IF EXISTS {index}")
+    db.execute(schema.TABLE)
+    for m in schema.migrations():
+        if m.version <= INLINE_UNTIL:
+            for statement in m.statements("sqlite"):
+                if statement.startswith("CREATE INDEX "):
+                    db.execute(statement.replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ", 1))
+            schema.record(db, m)

@@ -1,6 +1,7 @@
 """Property-based (hypothesis): any interleaving of submits, claims, reports (fresh or stale
 tokens), cancels, lease expiry and worker restarts leaves no task in two final states, changes no
-final task, never hands a cancelled task out again, and never makes a cancelled task succeed."""
+final task, never hands a cancelled task out again, and never makes a cancelled task succeed; and
+every status change seen is one the store's lifecycle lists (lifecycle.TRANSITIONS)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 
 from protocol import FINAL_STATUSES, Report, SubmitTask
 from scheduler.store import Conflict, NotFound, SQLiteStore
+from scheduler.store.lifecycle import INITIAL, TRANSITIONS
 from tests.harness import Clock
 from tests.scheduler.test_store import fail, ok, worker
 
@@ -35,25 +37,26 @@ def run(store, clock, actions) -> None:
     leases: dict[str, list] = {}  # every lease ever granted per task (old tokens stay usable as stale ones)
     final: dict[str, str] = {}  # the first final status seen
     cancelled_at: dict[str, float] = {}
+    seen: dict[str, str] = {}  # each task's status at the last check
     for action, k in actions:
         task_id = ids[k % len(ids)] if ids else None
         if action == "submit":
-            ids.append(store.submit(SubmitTask(input={"prompt": f"p{len(ids)}"}))[0].id)
+            ids.append(store.tasks.submit(SubmitTask(input={"prompt": f"p{len(ids)}"}))[0].id)
         elif action == "claim":
-            for lease in store.claim(node, 1 + k % 3):
+            for lease in store.claims.claim(node, 1 + k % 3):
                 assert lease.task_id not in cancelled_at, "a cancelled task was leased again"
                 leases.setdefault(lease.task_id, []).append((node, lease.lease_token))
         elif action == "cancel" and task_id:
             try:
-                view = store.cancel(task_id)
+                view = store.reports.cancel(task_id)
             except Conflict:
-                assert store.get(task_id).status in FINAL_STATUSES
+                assert store.tasks.get(task_id).status in FINAL_STATUSES
             else:
                 cancelled_at[task_id] = clock.now
                 assert view.status in ("cancelled", "leased", "processing")
         elif action == "expire":
             clock.now += 11
-            store.sweep()
+            store.upkeep.sweep()
         elif action == "restart":  # the node's group restarts: what it held is requeued or ended
             node = worker(store, node_id="n1")
         elif task_id and leases.get(task_id):
@@ -65,15 +68,18 @@ def run(store, clock, actions) -> None:
             else:
                 report = Report(worker_id=wid, lease_token=token, status=action)
             try:
-                store.report(task_id, report)
+                store.reports.report(task_id, report)
             except (Conflict, NotFound):
                 pass
-        check(store, ids, final, cancelled_at)
+        check(store, ids, final, cancelled_at, seen)
 
 
-def check(store, ids, final, cancelled_at) -> None:
+def check(store, ids, final, cancelled_at, seen) -> None:
     for task_id in ids:
-        status = store.get(task_id).status
+        status = store.tasks.get(task_id).status
+        before = seen.setdefault(task_id, INITIAL)
+        assert status == before or status in TRANSITIONS[before], f"{task_id} went {before} -> {status}"
+        seen[task_id] = status
         if task_id in final:
             assert status == final[task_id], f"{task_id} ended {final[task_id]}, then became {status}"
         elif status in FINAL_STATUSES:

@@ -52,14 +52,14 @@ def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
 
 def test_a_full_queue_is_429_with_a_retry_after_from_the_recent_pace(make_store, clock):
     store = make_store()
-    wid, _ = store.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
+    wid, _ = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
     with TestClient(create_app(store, Settings(max_queued=3))) as http:
         for _ in range(6):  # six tasks end within the minute: a pace of 6 a minute
             http.post("/v1/tasks", json={"input": {"prompt": "done"}})
-            (lease,) = store.claim(wid, 1)
-            store.report(lease.task_id, Report(worker_id=wid, lease_token=lease.lease_token, status="succeeded",
-                                               result=TaskResult(uri="u", content_type="image/png", width=1,
-                                                                 height=1, seed=1, bytes=1, sha256="0")))
+            (lease,) = store.claims.claim(wid, 1)
+            store.reports.report(lease.task_id, Report(worker_id=wid, lease_token=lease.lease_token, status="succeeded",
+                                                       result=TaskResult(uri="u", content_type="image/png", width=1,
+                                                                         height=1, seed=1, bytes=1, sha256="0")))
         for _ in range(3):
             assert http.post("/v1/tasks", json={"input": {"prompt": "q"}}).status_code == 201
         refused = http.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "q"}}] * 2})

@@ -104,7 +104,7 @@ def test_a_drained_worker_is_counted_drained_never_lost_and_is_no_longer_a_targe
                          for h in ("left", "crashed"))
         assert http.post(f"/v1/workers/{left}/heartbeat", json={"status": "drained", "timestamp": 0}).status_code == 200
         clock.now += 6  # past the liveness time for both
-        store.sweep()
+        store.upkeep.sweep()
         got = scrape(http)
         assert value(got, "dit_scheduler_workers", status="drained") == 1
         assert value(got, "dit_scheduler_workers", status="lost") == 1  # the one that went silent

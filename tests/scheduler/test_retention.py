@@ -17,19 +17,19 @@ def test_ended_tasks_expire_and_are_removed_queued_and_running_ones_never(make_s
     store = make_store(task_retention_s=3600)
     w = worker(store)
     done, running = submit(store, "done"), submit(store, "running")
-    leases = {x.task_id: x for x in store.claim(w, 2)}
-    store.report(done.id, ok(leases[done.id].lease_token, w))  # its result's uri is "u"
-    queued = store.submit(SubmitTask(input={"prompt": "q"}))[0]
-    ended = store.get(done.id)
+    leases = {x.task_id: x for x in store.claims.claim(w, 2)}
+    store.reports.report(done.id, ok(leases[done.id].lease_token, w))  # its result's uri is "u"
+    queued = store.tasks.submit(SubmitTask(input={"prompt": "q"}))[0]
+    ended = store.tasks.get(done.id)
     assert ended.expires_at == ended.finished_at + 3600
-    assert store.get(running.id).expires_at is None and queued.expires_at is None
+    assert store.tasks.get(running.id).expires_at is None and queued.expires_at is None
     clock.now += 3599
-    assert store.purge() == [] and store.get(done.id)
+    assert store.upkeep.purge() == [] and store.tasks.get(done.id)
     clock.now += 2
-    assert store.purge() == ["u"]
+    assert store.upkeep.purge() == ["u"]
     with pytest.raises(NotFound):
-        store.get(done.id)
-    assert store.get(running.id).status == "leased" and store.get(queued.id).status == "queued"
+        store.tasks.get(done.id)
+    assert store.tasks.get(running.id).status == "leased" and store.tasks.get(queued.id).status == "queued"
 
 
 def test_expired_results_are_deleted_only_when_asked_and_only_under_the_roots(tmp_path):

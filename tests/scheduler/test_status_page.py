@@ -66,8 +66,8 @@ def test_the_page_lists_workers_results_and_failures_escaped(make_store, tmp_pat
 def test_one_gather_serves_every_viewer_for_a_moment(make_store):
     store = make_store()
     calls = []
-    history = store.history
-    store.history = lambda *a: calls.append(a) or history(*a)
+    history = store.tasks.history
+    store.tasks.history = lambda *a: calls.append(a) or history(*a)
     with TestClient(create_app(store, Settings(status_cache_s=60))) as http:
         for _ in range(5):
             assert http.get("/status").status_code == 200
@@ -84,7 +84,7 @@ def test_a_drained_worker_is_shown_neutrally_and_a_lost_one_red(make_store, cloc
         left, crashed = (http.post("/v1/workers", json=REG).json()["worker_id"] for _ in range(2))
         http.post(f"/v1/workers/{left}/heartbeat", json={"status": "drained", "timestamp": 0})
         clock.now += 6
-        store.sweep()
+        store.upkeep.sweep()
         rows = {w: row for row in http.get("/status").text.split('<tr class="worker">')[1:]
                 for w in (left, crashed) if w in row}
         assert '<td class="muted">drained</td>' in rows[left]
@@ -109,8 +109,8 @@ def test_user_text_is_isolated_so_a_stored_override_cannot_flip_the_page(make_st
     with TestClient(create_app(store, Settings(status_cache_s=0))) as http:
         wid = http.post("/v1/workers", json={**REG, "hostname": "node\u202e7"}).json()["worker_id"]
         # Stored before submissions refused bidirectional controls: it bypasses today's validation.
-        store.submit(SubmitTask.model_construct(input={"prompt": "a cat \u202eon a mat"}, priority=0,
-                                                idempotency_key=None, max_attempts=None, webhook=None))
+        store.tasks.submit(SubmitTask.model_construct(input={"prompt": "a cat \u202eon a mat"}, priority=0,
+                                                      idempotency_key=None, max_attempts=None, webhook=None))
         lease = http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1}).json()["leases"][0]
         http.post(f"/v1/tasks/{lease['task_id']}/report", json={
             "worker_id": wid, "lease_token": lease["lease_token"], "status": "succeeded",

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTask, TaskResult, WorkerLimits
-from scheduler.store import Conflict, NotFound, SQLiteStore
+from scheduler.store import Conflict, NotFound
 
 
 @pytest.fixture
@@ -16,8 +16,8 @@ def store(make_store):
 
 
 def worker(store, node_id: str | None = None, limits: WorkerLimits | None = None) -> str:
-    return store.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m", version="v",
-                                         node_id=node_id, limits=limits))[0]
+    return store.workers.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m", version="v",
+                                                 node_id=node_id, limits=limits))[0]
 
 
 def limits(max_side: int = 1024) -> WorkerLimits:
@@ -26,7 +26,7 @@ def limits(max_side: int = 1024) -> WorkerLimits:
 
 
 def submit(store, prompt="p", **kw):
-    return store.submit(SubmitTask(input={"prompt": prompt}, **kw))[0]
+    return store.tasks.submit(SubmitTask(input={"prompt": prompt}, **kw))[0]
 
 
 def ok(token, wid):
@@ -43,17 +43,17 @@ def fail(token, wid, retryable):
 def test_claim_by_priority_then_fifo(store):
     w = worker(store)
     a, b, c = submit(store, "a"), submit(store, "b", priority=5), submit(store, "c")
-    got = [lease.task_id for lease in store.claim(w, 3)]
+    got = [lease.task_id for lease in store.claims.claim(w, 3)]
     assert got == [b.id, a.id, c.id]
-    assert store.claim(w, 3) == []
+    assert store.claims.claim(w, 3) == []
 
 
 def test_claim_sets_token_deadline_and_attempt(store, clock):
     w = worker(store)
     t = submit(store)
-    lease, = store.claim(w, 1)
+    lease, = store.claims.claim(w, 1)
     assert lease.attempt == 1 and lease.lease_deadline == clock.now + 10.0 and lease.lease_token
-    view = store.get(t.id)
+    view = store.tasks.get(t.id)
     assert view.status == "leased" and view.worker_id == w and view.attempts == 1
 
 
@@ -65,7 +65,7 @@ def test_concurrent_claims_never_hand_out_a_task_twice(store):
     lock = threading.Lock()
 
     def run(w):
-        while got := store.claim(w, 4):
+        while got := store.claims.claim(w, 4):
             with lock:
                 claimed.extend(lease.task_id for lease in got)
 
@@ -80,25 +80,25 @@ def test_concurrent_claims_never_hand_out_a_task_twice(store):
 def test_a_lease_is_held_up_to_and_including_its_deadline(store, clock):
     w = worker(store)
     t = submit(store)
-    lease, = store.claim(w, 1)
+    lease, = store.claims.claim(w, 1)
     clock.now = lease.lease_deadline
-    assert store.sweep() == 0 and store.get(t.id).status == "leased"
+    assert store.upkeep.sweep() == 0 and store.tasks.get(t.id).status == "leased"
     clock.now += 0.001
-    assert store.sweep() == 1 and store.get(t.id).status == "queued"
+    assert store.upkeep.sweep() == 1 and store.tasks.get(t.id).status == "queued"
 
 
 def test_expired_lease_requeues_then_fails_when_attempts_are_used(store, clock):
     w = worker(store)
     t = submit(store)
-    store.claim(w, 1)
+    store.claims.claim(w, 1)
     clock.now += 10.5
-    assert store.get(t.id).status == "leased"  # expiry is maintenance's job, not a read's
-    store.sweep()
-    assert store.get(t.id).status == "queued"
-    store.claim(w, 1)
+    assert store.tasks.get(t.id).status == "leased"  # expiry is maintenance's job, not a read's
+    store.upkeep.sweep()
+    assert store.tasks.get(t.id).status == "queued"
+    store.claims.claim(w, 1)
     clock.now += 10.5
-    store.sweep()
-    view = store.get(t.id)
+    store.upkeep.sweep()
+    view = store.tasks.get(t.id)
     assert view.status == "failed" and view.attempts == 2
     assert view.error.code == "lease_expired" and "attempt 2 of 2" in view.error.message
 
@@ -106,185 +106,168 @@ def test_expired_lease_requeues_then_fails_when_attempts_are_used(store, clock):
 def test_stale_token_is_refused_and_changes_nothing(store, clock):
     w1, w2 = worker(store), worker(store)
     t = submit(store)
-    first, = store.claim(w1, 1)
+    first, = store.claims.claim(w1, 1)
     clock.now += 11
     with pytest.raises(Conflict):  # past its deadline, even before the sweep
-        store.report(t.id, ok(first.lease_token, w1))
-    store.sweep()
-    second, = store.claim(w2, 1)
+        store.reports.report(t.id, ok(first.lease_token, w1))
+    store.upkeep.sweep()
+    second, = store.claims.claim(w2, 1)
     with pytest.raises(Conflict):
-        store.report(t.id, ok(first.lease_token, w1))
-    assert store.get(t.id).status == "leased"
-    assert store.report(t.id, ok(second.lease_token, w2)).status == "succeeded"
+        store.reports.report(t.id, ok(first.lease_token, w1))
+    assert store.tasks.get(t.id).status == "leased"
+    assert store.reports.report(t.id, ok(second.lease_token, w2)).status == "succeeded"
 
 
 def test_report_after_success_is_refused(store):
     w = worker(store)
     t = submit(store)
-    lease, = store.claim(w, 1)
-    store.report(t.id, ok(lease.lease_token, w))
+    lease, = store.claims.claim(w, 1)
+    store.reports.report(t.id, ok(lease.lease_token, w))
     with pytest.raises(Conflict):
-        store.report(t.id, fail(lease.lease_token, w, retryable=True))
-    assert store.get(t.id).status == "succeeded"
+        store.reports.report(t.id, fail(lease.lease_token, w, retryable=True))
+    assert store.tasks.get(t.id).status == "succeeded"
 
 
 def test_token_of_another_worker_is_refused(store):
     w1, w2 = worker(store), worker(store)
     t = submit(store)
-    lease, = store.claim(w1, 1)
+    lease, = store.claims.claim(w1, 1)
     with pytest.raises(Conflict):
-        store.report(t.id, ok(lease.lease_token, w2))
+        store.reports.report(t.id, ok(lease.lease_token, w2))
 
 
 def test_retryable_failure_requeues_with_last_error(store):
     w = worker(store)
     t = submit(store)
-    lease, = store.claim(w, 1)
-    view = store.report(t.id, fail(lease.lease_token, w, retryable=True))
+    lease, = store.claims.claim(w, 1)
+    view = store.reports.report(t.id, fail(lease.lease_token, w, retryable=True))
     assert view.status == "queued" and view.error.code == "boom" and view.error.worker_id == w
-    lease, = store.claim(w, 1)
-    view = store.report(t.id, fail(lease.lease_token, w, retryable=True))
+    lease, = store.claims.claim(w, 1)
+    view = store.reports.report(t.id, fail(lease.lease_token, w, retryable=True))
     assert view.status == "failed" and view.attempts == 2  # capped
 
 
 def test_non_retryable_failure_is_final(store):
     w = worker(store)
     t = submit(store)
-    lease, = store.claim(w, 1)
-    assert store.report(t.id, fail(lease.lease_token, w, retryable=False)).status == "failed"
+    lease, = store.claims.claim(w, 1)
+    assert store.reports.report(t.id, fail(lease.lease_token, w, retryable=False)).status == "failed"
 
 
 def test_processing_and_heartbeat_renew_the_lease(store, clock):
     w = worker(store)
     t = submit(store)
-    lease, = store.claim(w, 1)
+    lease, = store.claims.claim(w, 1)
     clock.now += 8
-    store.report(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing"))
+    store.reports.report(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing"))
     clock.now += 8
-    reply = store.heartbeat(w, Heartbeat(status="ready", in_flight=[t.id, "gone"], timestamp=0))
+    reply = store.workers.heartbeat(w, Heartbeat(status="ready", in_flight=[t.id, "gone"], timestamp=0))
     assert reply.renewed == {t.id: clock.now + 10} and reply.lost == ["gone"]
     clock.now += 8
-    assert store.get(t.id).status == "processing"  # 24 s after the claim, lease ttl 10 s
+    assert store.tasks.get(t.id).status == "processing"  # 24 s after the claim, lease ttl 10 s
 
 
 def test_heartbeat_reports_a_lease_taken_over_as_lost(store, clock):
     w1, w2 = worker(store), worker(store)
     t = submit(store)
-    store.claim(w1, 1)
+    store.claims.claim(w1, 1)
     clock.now += 11
-    store.sweep()
-    store.claim(w2, 1)
-    assert store.heartbeat(w1, Heartbeat(status="ready", in_flight=[t.id], timestamp=0)).lost == [t.id]
+    store.upkeep.sweep()
+    store.claims.claim(w2, 1)
+    assert store.workers.heartbeat(w1, Heartbeat(status="ready", in_flight=[t.id], timestamp=0)).lost == [t.id]
 
 
 def test_unknown_worker_and_task(store):
     with pytest.raises(NotFound):
-        store.claim("w-nobody", 1)
+        store.claims.claim("w-nobody", 1)
     with pytest.raises(NotFound):
-        store.get("nope")
+        store.tasks.get("nope")
 
 
 def test_idempotency_key_replays_and_conflicts(store):
     a = submit(store, "x", idempotency_key="k1")
-    again, created = store.submit(SubmitTask(input={"prompt": "x"}, idempotency_key="k1"))
+    again, created = store.tasks.submit(SubmitTask(input={"prompt": "x"}, idempotency_key="k1"))
     assert again.id == a.id and not created
     with pytest.raises(Conflict):
-        store.submit(SubmitTask(input={"prompt": "other"}, idempotency_key="k1"))
+        store.tasks.submit(SubmitTask(input={"prompt": "other"}, idempotency_key="k1"))
 
 
 def test_state_survives_reopening(make_store):
     s = make_store()
-    t = s.submit(SubmitTask(input={"prompt": "p"}))[0]
+    t = s.tasks.submit(SubmitTask(input={"prompt": "p"}))[0]
     s.close()
     s2 = make_store(location=s.location)  # PostgreSQL: the migrations are not applied twice
-    assert s2.get(t.id).status == "queued"
+    assert s2.tasks.get(t.id).status == "queued"
 
 
 def test_heartbeat_records_warnings_and_counters(store):
     wid = worker(store)
-    store.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, warnings=["safety.image off"],
-                                   counters={"images_generated": 3}))
-    w = store.workers()[0]
+    store.workers.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, warnings=["safety.image off"],
+                                           counters={"images_generated": 3}))
+    w = store.workers.workers()[0]
     assert w.warnings == ["safety.image off"] and w.counters == {"images_generated": 3}
     assert w.safety_policy is None  # a worker from before the policy lists sends none
 
 
 def test_heartbeat_records_the_prompt_policy_version(store):
     wid = worker(store)
-    store.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, safety_policy="2026.11.1+local.ab12cd34"))
-    assert store.workers()[0].safety_policy == "2026.11.1+local.ab12cd34"
+    store.workers.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, safety_policy="2026.11.1+local.ab12cd34"))
+    assert store.workers.workers()[0].safety_policy == "2026.11.1+local.ab12cd34"
 
 
 def test_error_details_are_kept(store):
     wid = worker(store)
     t = submit(store)
-    lease = store.claim(wid, 1)[0]
+    lease = store.claims.claim(wid, 1)[0]
     err = ErrorEnvelope(code="unsafe_prompt", message="m", retryable=False, details={"category": "insult"})
-    store.report(t.id, Report(worker_id=wid, lease_token=lease.lease_token, status="failed", error=err))
-    assert store.get(t.id).error.details == {"category": "insult"}
-
-
-def test_an_sqlite_database_from_before_the_worker_columns_is_migrated(tmp_path, clock):
-    import sqlite3
-
-    from scheduler.store import sqlite as store_module
-
-    old = store_module.SCHEMA.replace(",\n    warnings TEXT NOT NULL DEFAULT '[]',\n    counters TEXT NOT NULL DEFAULT '{}'", "")
-    assert "warnings" not in old
-    db = sqlite3.connect(tmp_path / "old.db")
-    db.executescript(old)
-    db.close()
-    s = SQLiteStore(tmp_path / "old.db", clock=clock)
-    wid = worker(s)
-    s.heartbeat(wid, Heartbeat(status="ready", timestamp=1.0, counters={"n": 1}))
-    assert s.workers()[0].counters == {"n": 1}
-    s.close()
+    store.reports.report(t.id, Report(worker_id=wid, lease_token=lease.lease_token, status="failed", error=err))
+    assert store.tasks.get(t.id).error.details == {"category": "insult"}
 
 
 def test_a_released_task_is_requeued_and_its_attempt_does_not_count(store):
     w = worker(store)
     t = submit(store)
-    lease, = store.claim(w, 1)
-    store.report(t.id, fail(lease.lease_token, w, retryable=True))  # attempt 1 of 2 really ran
-    lease, = store.claim(w, 1)
-    view = store.report(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="released"))
+    lease, = store.claims.claim(w, 1)
+    store.reports.report(t.id, fail(lease.lease_token, w, retryable=True))  # attempt 1 of 2 really ran
+    lease, = store.claims.claim(w, 1)
+    view = store.reports.report(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="released"))
     assert view.status == "queued" and view.attempts == 1 and view.error.code == "boom"  # last error kept
-    lease, = store.claim(w, 1)
+    lease, = store.claims.claim(w, 1)
     assert lease.attempt == 2  # a healthy worker still gets its full second attempt
     with pytest.raises(Conflict):  # the released token is dead
-        store.report(t.id, Report(worker_id=w, lease_token="stale", status="released"))
+        store.reports.report(t.id, Report(worker_id=w, lease_token="stale", status="released"))
 
 
 def test_a_node_registering_again_requeues_what_its_old_group_held_at_once(store, clock):
     old, other = worker(store, "host/run-1"), worker(store, "host/run-2")
     a, b, c = submit(store, "a"), submit(store, "b"), submit(store, "c")
-    [la, lb] = store.claim(old, 2)
-    store.report(a.id, Report(worker_id=old, lease_token=la.lease_token, status="processing"))
-    [lc] = store.claim(other, 1)
-    new, requeued = store.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m", version="v",
-                                                  node_id="host/run-1"))
+    [la, lb] = store.claims.claim(old, 2)
+    store.reports.report(a.id, Report(worker_id=old, lease_token=la.lease_token, status="processing"))
+    [lc] = store.claims.claim(other, 1)
+    new, requeued = store.workers.register(RegisterWorker(hostname="h", world_size=2, devices=[], model="m",
+                                                          version="v", node_id="host/run-1"))
     assert requeued == 2  # long before the lease TTL: the clock has not moved
     for t in (a, b):
-        view = store.get(t.id)
+        view = store.tasks.get(t.id)
         assert view.status == "queued" and view.attempts == 1 and view.worker_id == old
-    assert store.get(c.id).status == "leased"  # another node's lease is untouched
-    views = {w.id: w for w in store.workers()}
+    assert store.tasks.get(c.id).status == "leased"  # another node's lease is untouched
+    views = {w.id: w for w in store.workers.workers()}
     assert views[old].status == "replaced" and views[old].in_flight == [] and views[new].node_id == "host/run-1"
     assert views[other].status == "initializing"
-    assert {lease.task_id for lease in store.claim(new, 5)} == {a.id, b.id}
+    assert {lease.task_id for lease in store.claims.claim(new, 5)} == {a.id, b.id}
     # The old group's reports are refused: its leases are gone.
     with pytest.raises(Conflict):
-        store.report(a.id, ok(la.lease_token, old))
+        store.reports.report(a.id, ok(la.lease_token, old))
 
 
 def test_a_task_whose_workers_keep_restarting_fails_when_out_of_attempts(store):
     first = worker(store, "n")
     t = submit(store)
-    store.claim(first, 1)
+    store.claims.claim(first, 1)
     second = worker(store, "n")
-    store.claim(second, 1)  # attempt 2 of 2
+    store.claims.claim(second, 1)  # attempt 2 of 2
     worker(store, "n")
-    view = store.get(t.id)
+    view = store.tasks.get(t.id)
     assert view.status == "failed" and view.error.code == "worker_restarted" and view.error.retryable
     assert "restarted (node n registered again" in view.error.message and "attempt 2 of 2" in view.error.message
 
@@ -292,29 +275,29 @@ def test_a_task_whose_workers_keep_restarting_fails_when_out_of_attempts(store):
 def test_a_registration_without_a_node_replaces_nothing(store):
     w = worker(store)
     t = submit(store)
-    store.claim(w, 1)
+    store.claims.claim(w, 1)
     worker(store)
-    assert store.get(t.id).status == "leased"
-    assert [v.status for v in store.workers()] == ["initializing", "initializing"]
+    assert store.tasks.get(t.id).status == "leased"
+    assert [v.status for v in store.workers.workers()] == ["initializing", "initializing"]
 
 
 def test_a_silent_worker_is_lost_and_its_tasks_requeued_before_the_ttl(make_store, clock):
     s = make_store(lease_ttl_s=60.0, max_attempts=3, liveness_s=5.0, retention_s=100.0)
     quiet, alive = worker(s), worker(s)
     a, b = submit(s, "a"), submit(s, "b")
-    s.claim(quiet, 1)
-    s.claim(alive, 1)
+    s.claims.claim(quiet, 1)
+    s.claims.claim(alive, 1)
     clock.now += 4
-    s.heartbeat(alive, Heartbeat(status="ready", in_flight=[b.id], timestamp=0))
-    assert s.sweep() == 0
+    s.workers.heartbeat(alive, Heartbeat(status="ready", in_flight=[b.id], timestamp=0))
+    assert s.upkeep.sweep() == 0
     clock.now += 2  # quiet: 6 s without a heartbeat; alive: 2 s
-    assert s.sweep() == 1
-    views = {w.id: w for w in s.workers()}
+    assert s.upkeep.sweep() == 1
+    views = {w.id: w for w in s.workers.workers()}
     assert views[quiet].status == "lost" and views[quiet].in_flight == []
     assert views[alive].status == "ready" and views[alive].last_heartbeat_age_s == 2.0
-    assert s.get(a.id).status == "queued" and s.get(b.id).status == "leased"  # long before the 60 s TTL
-    s.heartbeat(quiet, Heartbeat(status="ready", timestamp=0))  # it comes back: shown as it says
-    assert {w.id: w for w in s.workers()}[quiet].status == "ready"
+    assert s.tasks.get(a.id).status == "queued" and s.tasks.get(b.id).status == "leased"  # long before the 60 s TTL
+    s.workers.heartbeat(quiet, Heartbeat(status="ready", timestamp=0))  # it comes back: shown as it says
+    assert {w.id: w for w in s.workers.workers()}[quiet].status == "ready"
 
 
 def test_lost_and_replaced_registrations_are_pruned_after_the_retention(make_store, clock):
@@ -323,105 +306,107 @@ def test_lost_and_replaced_registrations_are_pruned_after_the_retention(make_sto
     worker(s, "node-a")  # replaces it
     silent = worker(s)
     clock.now += 50
-    s.sweep()
-    assert {w.id: w.status for w in s.workers()}[silent] == "lost"
+    s.upkeep.sweep()
+    assert {w.id: w.status for w in s.workers.workers()}[silent] == "lost"
     clock.now += 51
-    s.sweep()
-    assert gone not in {w.id for w in s.workers()} and silent not in {w.id for w in s.workers()}
+    s.upkeep.sweep()
+    assert gone not in {w.id for w in s.workers.workers()} and silent not in {w.id for w in s.workers.workers()}
 
 
 def test_a_rounds_reports_in_one_statement_apply_only_where_the_lease_is_current(store, clock):
     w, other = worker(store), worker(store)
     for i in range(5):
         submit(store, str(i))
-    a, b, c = store.claim(w, 3)
-    d, e = store.claim(other, 2)
+    a, b, c = store.claims.claim(w, 3)
+    d, e = store.claims.claim(other, 2)
     clock.now += 5.0
-    got = store.report_many([(le.task_id, Report(worker_id=w, lease_token=le.lease_token, status="processing"))
-                             for le in (a, b, c)])
+    got = store.reports.report_many([(le.task_id, Report(worker_id=w, lease_token=le.lease_token, status="processing"))
+                                     for le in (a, b, c)])
     assert [g.status for g in got] == ["processing"] * 3 and got[0].started_at == clock.now
     clock.now += 9.0  # a, b, c renewed by `processing`; d and e expired
-    got = store.report_many([(a.task_id, ok(a.lease_token, w)), (b.task_id, ok("stale", w)),
-                             (d.task_id, ok(d.lease_token, other)), (e.task_id, ok(e.lease_token, w)),
-                             ("nosuchtask", ok("t", w)), (c.task_id, ok(c.lease_token, w))])
+    got = store.reports.report_many([(a.task_id, ok(a.lease_token, w)), (b.task_id, ok("stale", w)),
+                                     (d.task_id, ok(d.lease_token, other)), (e.task_id, ok(e.lease_token, w)),
+                                     ("nosuchtask", ok("t", w)), (c.task_id, ok(c.lease_token, w))])
     assert got[0].status == "succeeded" and got[0].result.uri == "u" and got[5].status == "succeeded"
     assert [type(g) for g in got[1:5]] == [Conflict, Conflict, Conflict, NotFound]
-    assert store.get(b.task_id).status == "processing" and store.get(d.task_id).status == "leased"
-    assert store.get(a.task_id).started_at == got[0].started_at  # set once, by the first `processing`
+    assert store.tasks.get(b.task_id).status == "processing" and store.tasks.get(d.task_id).status == "leased"
+    assert store.tasks.get(a.task_id).started_at == got[0].started_at  # set once, by the first `processing`
 
 
 def test_reports_of_one_task_in_one_call_apply_in_order(store):
     w = worker(store)
     t = submit(store)
-    lease, = store.claim(w, 1)
-    got = store.report_many([(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing")),
-                             (t.id, ok(lease.lease_token, w)), (t.id, ok(lease.lease_token, w))])
+    lease, = store.claims.claim(w, 1)
+    got = store.reports.report_many([(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing")),
+                                     (t.id, ok(lease.lease_token, w)), (t.id, ok(lease.lease_token, w))])
     assert got[0].status == "processing" and got[1].status == "succeeded" and isinstance(got[2], Conflict)
 
 
 def test_a_drained_worker_is_never_lost_and_its_registration_takes_no_more_work(make_store, clock):
     s = make_store(liveness_s=5.0, retention_s=100.0)
     gone, crashed = worker(s), worker(s)
-    s.heartbeat(gone, Heartbeat(status="draining", timestamp=0))
-    reply = s.heartbeat(gone, Heartbeat(status="drained", timestamp=0))
+    s.workers.heartbeat(gone, Heartbeat(status="draining", timestamp=0))
+    reply = s.workers.heartbeat(gone, Heartbeat(status="drained", timestamp=0))
     assert reply.renewed == {} and reply.lost == []
     clock.now += 50  # far past the liveness time: silence is expected from a drained worker
-    s.sweep()
-    assert {w.id: w.status for w in s.workers()} == {gone: "drained", crashed: "lost"}
-    assert s.figures().workers_by_status == {"drained": 1, "lost": 1}
+    s.upkeep.sweep()
+    assert {w.id: w.status for w in s.workers.workers()} == {gone: "drained", crashed: "lost"}
+    assert s.tasks.figures().workers_by_status == {"drained": 1, "lost": 1}
     submit(s)
-    for call in (lambda: s.claim(gone, 1), lambda: s.heartbeat(gone, Heartbeat(status="ready", timestamp=0))):
+    for call in (lambda: s.claims.claim(gone, 1),
+                 lambda: s.workers.heartbeat(gone, Heartbeat(status="ready", timestamp=0))):
         with pytest.raises(NotFound, match=f"worker {gone} has drained and left; register again"):
             call()
-    assert s.queued_count() == 1  # the refused lease took nothing
+    assert s.tasks.queued_count() == 1  # the refused lease took nothing
     clock.now += 51
-    s.sweep()
-    assert gone not in {w.id for w in s.workers()}  # pruned like lost and replaced registrations
+    s.upkeep.sweep()
+    assert gone not in {w.id for w in s.workers.workers()}  # pruned like lost and replaced registrations
 
 
 def test_a_drain_that_still_holds_a_task_gives_it_back_at_once(store):
     w = worker(store)
     t = submit(store)
-    store.claim(w, 1)
-    reply = store.heartbeat(w, Heartbeat(status="drained", in_flight=[t.id], timestamp=0))
+    store.claims.claim(w, 1)
+    reply = store.workers.heartbeat(w, Heartbeat(status="drained", in_flight=[t.id], timestamp=0))
     assert reply.lost == [t.id] and reply.renewed == {}
-    view = store.get(t.id)
+    view = store.tasks.get(t.id)
     assert view.status == "queued" and view.attempts == 1  # the attempt counts, as for a lost worker
     assert store.reclaimed[("worker_drained", "queued")] == 1
-    assert {v.id: v.in_flight for v in store.workers()}[w] == []
+    assert {v.id: v.in_flight for v in store.workers.workers()}[w] == []
 
 
 def test_a_replaced_registration_stays_replaced_when_it_drains(store):
     old = worker(store, "node")
     new = worker(store, "node")
-    store.heartbeat(old, Heartbeat(status="drained", timestamp=0))
-    assert {v.id: v.status for v in store.workers()} == {old: "replaced", new: "initializing"}
+    store.workers.heartbeat(old, Heartbeat(status="drained", timestamp=0))
+    assert {v.id: v.status for v in store.workers.workers()} == {old: "replaced", new: "initializing"}
 
 
 def test_limits_are_kept_per_worker_and_the_fleet_is_those_that_can_take_tasks(make_store, clock):
     s = make_store(liveness_s=5.0)
     small, big, unsaid = worker(s, limits=limits(1024)), worker(s, limits=limits(2048)), worker(s)
     worker(s, limits=limits(1024))  # the same limits again: one entry
-    assert {v.id: v.limits for v in s.workers()}[small] == limits(1024)
-    assert {v.id: v.limits for v in s.workers()}[unsaid] is None
-    assert sorted(s.fleet_limits(), key=lambda lim: lim.max_side if lim else 0) == [None, limits(1024), limits(2048)]
-    s.heartbeat(big, Heartbeat(status="draining", timestamp=0))  # takes no new tasks
-    s.heartbeat(unsaid, Heartbeat(status="drained", timestamp=0))
-    assert s.fleet_limits() == [limits(1024)]
+    assert {v.id: v.limits for v in s.workers.workers()}[small] == limits(1024)
+    assert {v.id: v.limits for v in s.workers.workers()}[unsaid] is None
+    assert (sorted(s.workers.fleet_limits(), key=lambda lim: lim.max_side if lim else 0)
+            == [None, limits(1024), limits(2048)])
+    s.workers.heartbeat(big, Heartbeat(status="draining", timestamp=0))  # takes no new tasks
+    s.workers.heartbeat(unsaid, Heartbeat(status="drained", timestamp=0))
+    assert s.workers.fleet_limits() == [limits(1024)]
     clock.now += 6
-    s.sweep()  # every one of them lost
-    assert s.fleet_limits() == []
+    s.upkeep.sweep()  # every one of them lost
+    assert s.workers.fleet_limits() == []
 
 
 def test_taking_back_held_tasks_and_losing_a_worker_are_logged(make_store, clock, caplog):
-    caplog.set_level(logging.WARNING, "scheduler.store.sql")
+    caplog.set_level(logging.WARNING, "scheduler.store.reclaim")
     s = make_store(lease_ttl_s=10.0, max_attempts=1, liveness_s=30.0)
     w = worker(s)
     t = submit(s)
-    s.claim(w, 1)
+    s.claims.claim(w, 1)
     clock.now += 11
-    s.heartbeat(w, Heartbeat(status="ready", timestamp=0))  # alive, but the lease is gone
-    assert s.sweep() == 1
+    s.workers.heartbeat(w, Heartbeat(status="ready", timestamp=0))  # alive, but the lease is gone
+    assert s.upkeep.sweep() == 1
     [expired] = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert expired.getMessage() == f"task {t.id} failed for good: lease_expired (worker {w}, attempt 1 of 1)"
     assert (expired.task_id, expired.worker_id, expired.attempt) == (t.id, w, 1)
@@ -429,9 +414,9 @@ def test_taking_back_held_tasks_and_losing_a_worker_are_logged(make_store, clock
     s = make_store(lease_ttl_s=60.0, max_attempts=3, liveness_s=5.0)
     quiet = worker(s)
     held = submit(s)
-    s.claim(quiet, 1)
+    s.claims.claim(quiet, 1)
     clock.now += 7
-    assert s.sweep() == 1
+    assert s.upkeep.sweep() == 1
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert said == [f"task {held.id} requeued: worker_lost (worker {quiet}, attempt 1 of 3)",
                     f"worker {quiet} (h) lost: no heartbeat for 7s; 1 held task(s) requeued, 0 failed for good"]

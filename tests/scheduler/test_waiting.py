@@ -91,11 +91,11 @@ def test_a_task_ended_by_another_process_is_found_by_the_shared_poll(make_store)
     store = make_store()
     with TestClient(create_app(store, Settings(wait_poll_s=0.2))) as http:
         task = http.post("/v1/tasks", json={"input": {"prompt": "f"}}).json()
-        wid, _ = store.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
-        (lease,) = store.claim(wid, 1)
-        threading.Timer(0.3, lambda: store.report(task["id"], Report(
+        wid, _ = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
+        (lease,) = store.claims.claim(wid, 1)
+        threading.Timer(0.3, lambda: store.reports.report(task["id"], Report(
             worker_id=wid, lease_token=lease.lease_token, status="succeeded", result=TaskResult(**RESULT)))).start()
         t0 = time.monotonic()
         resp = http.get(f"/v1/tasks/{task['id']}", params={"wait_s": 5})
         assert resp.json()["status"] == "succeeded" and time.monotonic() - t0 < 2
-        assert store.submit(SubmitTask(input={"prompt": "g"}))[1]  # the store still works from this thread
+        assert store.tasks.submit(SubmitTask(input={"prompt": "g"}))[1]  # the store still works from this thread

@@ -1,4 +1,5 @@
--- The PostgreSQL schema, version 1: the same columns as the SQLite backend (JSON held as text).
+-- The schema, version 1, for SQLite and PostgreSQL alike (in PostgreSQL's words: schema.py).
+-- JSON is held as text.
 CREATE TABLE tasks (
     seq BIGSERIAL PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,

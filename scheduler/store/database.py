@@ -1,0 +1,130 @@
+"""What the store's roles share: the database. Its connections and transactions are hooks that the
+dialect classes (sqlite.py, postgres.py) override, and nothing else; here, plans are carried out on
+them, and the settings every role reads are kept."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from protocol import TaskView
+from scheduler.store.base import NotFound, task_view
+from scheduler.store.plans import Plan, Read, Step, WriteEach, drive
+
+
+class Database:
+    """Subclasses provide `_tx()` (a write transaction yielding a handle with `execute(sql, args)`),
+    `_read()` (a read handle), `_ids()` and `close()`, and the dialect fragments below."""
+
+    TOKEN_SQL = ""  # an expression making a fresh random lease token per row
+    SKIP_LOCKED = ""  # appended to the claim's inner SELECT
+    LOCK_ROW = ""  # appended to a SELECT of a row about to change
+    QUEUE_INDEX = ""  # appended to `FROM tasks` where the queue is read in its order
+    GREATEST = "MAX"  # the two-argument maximum
+    WANTS_STARTED = "instr(webhook, '\"started\"') > 0"  # the webhook asks for the started event
+    inline = False  # True: in-process and short, called on the app's event loop instead of a thread
+    location = ""  # the file or URL it was opened on
+
+    def __init__(self, *, lease_ttl_s: float = 60.0, max_attempts: int = 3, liveness_s: float = 90.0,
+                 retention_s: float = 86400.0, task_retention_s: float = 7 * 86400.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.lease_ttl_s = lease_ttl_s
+        self.max_attempts = max_attempts
+        self.liveness_s = liveness_s  # a worker silent this long is lost; its tasks go back
+        self.retention_s = retention_s  # lost and replaced registrations are kept this long
+        self.task_retention_s = task_retention_s  # ended tasks are kept this long (expires_at), then removed
+        self.clock = clock
+        # Held tasks this process took back, by (reason code, "queued", "failed" or "cancelled"): for /metrics.
+        self.reclaimed: Counter[tuple[str, str]] = Counter()
+        self._reclaimed_lock = threading.Lock()
+
+    def view(self, row: Any) -> TaskView:
+        return task_view(row, self.task_retention_s)
+
+    def tally(self, code: str, outcome: str) -> None:
+        with self._reclaimed_lock:
+            self.reclaimed[(code, outcome)] += 1
+
+    # ------------------------------------------------------------ dialect hooks
+
+    def _tx(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _read(self) -> Any:
+        raise NotImplementedError
+
+    def _stmt(self) -> AbstractContextManager[Any]:
+        """A handle for one statement that is atomic on its own. PostgreSQL: outside a transaction
+        block, so BEGIN and COMMIT cost no round trips."""
+        return self._tx()
+
+    def _ids(self, ids: list[str]) -> tuple[str, Any]:
+        """A condition `id` in `ids`, and its one parameter."""
+        raise NotImplementedError
+
+    def _each(self, db: Any, sql: str, args: list[tuple]) -> list:
+        return [row for one in args for row in db.execute(sql, one).fetchall()]
+
+    def _notify(self, db: Any, n: int) -> None:
+        """Tells other scheduler processes that n tasks may be waiting (at commit)."""
+
+    def _maintenance_lock(self, db: Any) -> bool:
+        """False when another process is running maintenance right now."""
+        return True
+
+    async def _arun(self, plan: Plan) -> Any:
+        return await self.acall(self._run, plan)
+
+    # ------------------------------------------------------------ plans
+
+    def _run(self, plan: Plan) -> Any:
+        """A plan whose steps are each atomic on their own."""
+        return drive(plan, self._step)
+
+    def _step(self, step: Step) -> list:
+        if isinstance(step, WriteEach):
+            with self._stmt() as db:
+                return self._each(db, step.sql, step.args)
+        if isinstance(step, Read):
+            return self._read().execute(step.sql, step.args).fetchall()
+        with self._stmt() as db:
+            return db.execute(step.sql, step.args).fetchall()
+
+    def _run_in(self, db: Any, plan: Plan) -> Any:
+        """A plan with every step on `db`, inside its transaction: a row read locked stays locked."""
+        return drive(plan, lambda step: self._each(db, step.sql, step.args) if isinstance(step, WriteEach)
+                     else db.execute(step.sql, step.args).fetchall())
+
+    # ------------------------------------------------------------ lifecycle
+
+    def ping(self) -> None:
+        """One round trip to the database: raises when it cannot be reached."""
+        self._read().execute("SELECT 1 AS one").fetchone()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    async def aopen(self) -> None:
+        """Opens what the async calls need, on the app's event loop."""
+
+    async def aclose(self) -> None:
+        pass
+
+    async def acall(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """One of this store's blocking calls, from the event loop: made there when `inline`
+        (SQLite: in-process and short, cheaper than two thread hand-offs), else on a thread."""
+        if self.inline:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+
+def task_row(db: Any, task_id: str, lock: str = "") -> Any:
+    row = db.execute(f"SELECT * FROM tasks WHERE id = ?{lock}", (task_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    return row

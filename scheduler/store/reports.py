@@ -1,0 +1,145 @@
+"""Reports and outcomes (base.Reports). A report changes its task only under the task's current,
+unexpired lease (lifecycle.lease_held) and only if no client cancelled it: its outcome is one
+conditional UPDATE, except a failure's, whose retry depends on the attempts left (a locked read,
+then the UPDATE). A report that changed nothing is told apart afterwards by a read. A round's
+`processing` or `succeeded` reports are one UPDATE per task, sent together (PostgreSQL: pipelined,
+one round trip); other reports share one transaction, each applied on its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol import CANCELLED_MARK, Report, TaskView
+from scheduler import leases
+from scheduler.store.base import Cancelled, Conflict, NotFound
+from scheduler.store.database import Database, task_row
+from scheduler.store.lifecycle import ENDED, HELD, WEBHOOK_ENDED, WEBHOOK_STARTED, end_cancelled, lease_held, release
+from scheduler.store.plans import Plan, Read, Write, WriteEach, one
+
+Outcome = TaskView | NotFound | Conflict
+
+
+class SQLReports:
+    def __init__(self, store: Database) -> None:
+        self._store = store
+        self._started = WEBHOOK_STARTED.format(wants=store.WANTS_STARTED)
+
+    def report(self, task_id: str, rep: Report) -> TaskView:
+        """Applies a worker's report if, and only if, it carries the task's current, unexpired lease."""
+        return _raised(self.report_many([(task_id, rep)])[0])
+
+    async def areport(self, task_id: str, rep: Report) -> TaskView:
+        return _raised((await self.areport_many([(task_id, rep)]))[0])
+
+    def report_many(self, items: list[tuple[str, Report]]) -> list[Outcome]:
+        """Several reports, each applied on its own and atomically: a refused one (NotFound, Conflict,
+        returned in its place) changes nothing and does not stop the others."""
+        if _alike(items):
+            return self._store._run(self._round(items))
+        return self._each(items)
+
+    async def areport_many(self, items: list[tuple[str, Report]]) -> list[Outcome]:
+        if _alike(items):
+            return await self._store._arun(self._round(items))
+        return await self._store.acall(self._each, items)
+
+    def cancel(self, task_id: str) -> TaskView:
+        now = self._store.clock()
+        with self._store._tx() as db:
+            row = task_row(db, task_id, self._store.LOCK_ROW)
+            if row["status"] in ENDED:
+                raise Conflict(f"task {task_id} has already ended ({row['status']}); nothing to cancel")
+            if row["status"] in HELD:  # its worker learns it; its next report or lease expiry ends it
+                row = db.execute("UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, ?),"
+                                 " updated_at = ? WHERE id = ? RETURNING *", (now, now, task_id)).fetchone()
+            else:  # not leased: it ends now and is never leased
+                row = one(db, end_cancelled(task_id, "while queued", now))
+        return self._store.view(row)
+
+    def _round(self, items: list[tuple[str, Report]]) -> Plan:
+        """`processing` or `succeeded` reports of distinct tasks (a round's): their statements sent
+        together; the refused ones told apart afterwards."""
+        now = self._store.clock()
+        moves = [self._move(task_id, rep, now) for task_id, rep in items]
+        changed = {r["id"]: r for r in (yield WriteEach(moves[0].sql, [m.args for m in moves]))}
+        out: list[Outcome] = []
+        for task_id, rep in items:
+            row = changed.get(task_id)
+            out.append(self._store.view(row) if row is not None else (yield from self._refused(task_id, rep, now)))
+        return out
+
+    def _each(self, items: list[tuple[str, Report]]) -> list[Outcome]:
+        now = self._store.clock()
+        with self._store._tx() as db:
+            done = [self._store._run_in(db, self._one(task_id, rep, now)) for task_id, rep in items]
+            self._store._notify(db, sum(not isinstance(d, Exception) and d["status"] == "queued" for d in done))
+        return [d if isinstance(d, Exception) else self._store.view(d) for d in done]
+
+    def _one(self, task_id: str, rep: Report, now: float) -> Plan:
+        """One report, inside a transaction (`_run_in`: a failure's read keeps its row locked): the
+        row it left, or the error refusing it."""
+        rows = (yield from self._failed(task_id, rep, now)) if rep.status == "failed" else (
+            yield self._move(task_id, rep, now))
+        return rows[0] if rows else (yield from self._refused(task_id, rep, now))
+
+    def _move(self, task_id: str, rep: Report, now: float) -> Write:
+        """A `processing`, `succeeded` or `released` report's outcome: one UPDATE."""
+        fence, args = _fence(task_id, rep, now)
+        if rep.status == "processing":
+            return Write(f"UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?, {self._started},"
+                         f" started_at = COALESCE(started_at, ?) WHERE {fence} RETURNING *",
+                         (leases.deadline(now, self._store.lease_ttl_s), now, now, *args))
+        if rep.status == "succeeded":
+            return Write("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
+                         f" lease_deadline = NULL, updated_at = ?, finished_at = ?, {WEBHOOK_ENDED} WHERE {fence}"
+                         " RETURNING *", (rep.result.model_dump_json(), now, now, *args))
+        # Released: leased but never started (the worker is going down): back in the queue, and the
+        # attempt does not count. The last error, if any, is kept.
+        return Write(f"UPDATE tasks SET status = 'queued', attempts = {self._store.GREATEST}(attempts - 1, 0),"
+                     f" lease_token = NULL, lease_deadline = NULL, updated_at = ? WHERE {fence} RETURNING *",
+                     (now, *args))
+
+    def _failed(self, task_id: str, rep: Report, now: float) -> Plan:
+        """A failure: requeued only if the worker says a retry can help and attempts remain."""
+        fence, args = _fence(task_id, rep, now)
+        rows = yield Read(f"SELECT attempts, max_attempts FROM tasks WHERE {fence}{self._store.LOCK_ROW}", args)
+        if not rows:
+            return rows
+        error = rep.error.model_copy(update={"worker_id": rep.worker_id})
+        nxt = leases.after_failure(error.retryable, rows[0]["attempts"], rows[0]["max_attempts"])
+        return (yield release(task_id, nxt, error, now))
+
+    def _refused(self, task_id: str, rep: Report, now: float) -> Plan:
+        """Why a report changed nothing: no such task; a client cancelled it (then, whatever the
+        worker says, the task ends here if the lease is still current); or the lease is not current."""
+        found = yield Read("SELECT status, cancel_requested_at FROM tasks WHERE id = ?", (task_id,))
+        if not found:
+            return NotFound(f"no task {task_id}")
+        held = lease_held(rep.worker_id, now, rep.lease_token)
+        if found[0]["cancel_requested_at"] is not None and (yield end_cancelled(task_id, _worker_said(rep), now, held)):
+            return Cancelled(f"task {task_id} {CANCELLED_MARK}; its {rep.status} report is refused")
+        return Conflict(f"lease on task {task_id} is not held by this token (status {found[0]['status']})")
+
+
+def _fence(task_id: str, rep: Report, now: float) -> tuple[str, tuple]:
+    """The report's task, under the report's lease, not cancelled."""
+    held, args = lease_held(rep.worker_id, now, rep.lease_token)
+    return f"id = ? AND {held} AND cancel_requested_at IS NULL", (task_id, *args)
+
+
+def _alike(items: list[tuple[str, Report]]) -> bool:
+    """Reports that one statement can apply: all `processing` or all `succeeded`, each task once."""
+    return (bool(items) and items[0][1].status in ("processing", "succeeded")
+            and all(rep.status == items[0][1].status for _, rep in items)
+            and len({task_id for task_id, _ in items}) == len(items))
+
+
+def _worker_said(rep: Report) -> str:
+    said = f": {rep.error.message}" if rep.error is not None else ""
+    return f"the worker then reported {rep.status}{said}"
+
+
+def _raised(out: Any) -> TaskView:
+    if isinstance(out, Exception):
+        raise out
+    return out

@@ -1,0 +1,108 @@
+"""Submits and reads (base.Tasks). A submission is one transaction; reads never take the write lock."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from protocol import QueueFigures, SubmitTask, TaskView
+from scheduler.store.base import Conflict
+from scheduler.store.database import Database, task_row
+from scheduler.store.lifecycle import ENDED, HELD, INITIAL, status_in
+
+
+class SQLTasks:
+    def __init__(self, store: Database) -> None:
+        self._store = store
+
+    def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
+        """Returns (task, created). A repeated idempotency key returns the first task."""
+        [(view, created)] = self.submit_many([req])
+        return view, created
+
+    def submit_many(self, reqs: list[SubmitTask]) -> list[tuple[TaskView, bool]]:
+        """Every task in one transaction: all are stored, or none (a Conflict names the key)."""
+        now = self._store.clock()
+        with self._store._tx() as db:
+            out = [self._insert(db, req, now) for req in reqs]
+            self._store._notify(db, sum(created for _, created in out))
+        return out
+
+    def _insert(self, db: Any, req: SubmitTask, now: float) -> tuple[TaskView, bool]:
+        if req.idempotency_key is not None:
+            row = db.execute("SELECT * FROM tasks WHERE idempotency_key = ?", (req.idempotency_key,)).fetchone()
+            if row is not None:
+                if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
+                    raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
+                return self._store.view(row), False
+        row = db.execute(
+            "INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts,"
+            " created_at, updated_at, webhook) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+            (uuid.uuid4().hex, req.idempotency_key, json.dumps(req.input, sort_keys=True), req.priority, INITIAL,
+             req.max_attempts or self._store.max_attempts, now, now,
+             req.webhook.model_dump_json() if req.webhook else None)).fetchone()
+        return self._store.view(row), True
+
+    def get(self, task_id: str) -> TaskView:
+        return self._store.view(task_row(self._store._read(), task_id))
+
+    def list(self, status: str | None, limit: int, offset: int) -> list[TaskView]:
+        read = self._store._read()
+        if status:
+            rows = read.execute("SELECT * FROM tasks WHERE status = ? ORDER BY seq LIMIT ? OFFSET ?",
+                                (status, limit, offset)).fetchall()
+        else:
+            rows = read.execute("SELECT * FROM tasks ORDER BY seq LIMIT ? OFFSET ?", (limit, offset)).fetchall()
+        return [self._store.view(r) for r in rows]
+
+    def ended_among(self, task_ids: list[str]) -> list[str]:
+        """Those of `task_ids` that have reached a final state (one query)."""
+        in_ids, ids = self._store._ids(task_ids)
+        return [r["id"] for r in self._store._read().execute(
+            f"SELECT id FROM tasks WHERE {in_ids} AND {status_in(ENDED)}", (ids,))]
+
+    def ended_since(self, window_s: float) -> int:
+        """Tasks that reached a final state within the last `window_s` (the recent pace)."""
+        return self._store._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE finished_at >= ?",
+                                           (self._store.clock() - window_s,)).fetchone()["n"]
+
+    def queued_count(self) -> int:
+        return self._store._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE status = 'queued'").fetchone()["n"]
+
+    def figures(self) -> QueueFigures:
+        return _figures(self._store._read(), self._store.clock(), self._store.QUEUE_INDEX)
+
+    def recent(self, status: str, window_s: float, limit: int) -> list[TaskView]:
+        """Tasks that ended in `status` within the last `window_s`, newest first (the status page)."""
+        since = self._store.clock() - window_s
+        rows = self._store._read().execute(
+            "SELECT * FROM tasks WHERE finished_at >= ? AND status = ? ORDER BY finished_at DESC LIMIT ?",
+            (since, status, limit)).fetchall()
+        return [self._store.view(r) for r in rows]
+
+    def history(self, window_s: float, bucket_s: int) -> list[dict]:
+        """Per bucket of `bucket_s` over the last `window_s` and per final status: tasks ended, and
+        their mean and longest time from submission to end. The bucket is a whole number (SQLite
+        truncates and PostgreSQL rounds the cast: a task at a boundary may land in the next one)."""
+        since = self._store.clock() - window_s
+        return [dict(r) for r in self._store._read().execute(
+            "SELECT CAST((finished_at - ?) / ? AS INTEGER) AS bucket, status, COUNT(*) AS n,"
+            " AVG(finished_at - created_at) AS mean_s, MAX(finished_at - created_at) AS max_s"
+            " FROM tasks WHERE finished_at >= ? GROUP BY bucket, status", (since, bucket_s, since)).fetchall()]
+
+
+def _figures(db: Any, now: float, queue_index: str) -> QueueFigures:
+    by_priority = {str(r["priority"]): r["n"] for r in db.execute(
+        f"SELECT priority, COUNT(*) AS n FROM tasks{queue_index} WHERE status = 'queued' GROUP BY priority")}
+    oldest = db.execute("SELECT MIN(created_at) AS t FROM tasks WHERE status = 'queued'").fetchone()["t"]
+    running = db.execute(f"SELECT COUNT(*) AS n FROM tasks WHERE {status_in(HELD)}").fetchone()["n"]
+    ended = {}
+    for window in (60, 300, 900):
+        counts = {r["status"]: r["n"] for r in db.execute(
+            "SELECT status, COUNT(*) AS n FROM tasks WHERE finished_at >= ? GROUP BY status", (now - window,))}
+        ended[str(window)] = {"succeeded": counts.get("succeeded", 0), "failed": counts.get("failed", 0)}
+    workers = {r["status"]: r["n"] for r in db.execute("SELECT status, COUNT(*) AS n FROM workers GROUP BY status")}
+    return QueueFigures(queued_by_priority=by_priority, queued=sum(by_priority.values()),
+                        oldest_queued_age_s=None if oldest is None else round(now - oldest, 3), running=running,
+                        ended_last_s=ended, workers_by_status=workers)

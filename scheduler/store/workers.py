@@ -1,0 +1,114 @@
+"""Registrations and heartbeats (base.Workers). A heartbeat renews, in one UPDATE, the leases its
+worker still holds; a node registering again, or a drain, gives back what the old registration held."""
+
+from __future__ import annotations
+
+import functools
+import json
+import uuid
+from typing import Any
+
+from protocol import ErrorCode, Heartbeat, HeartbeatReply, RegisterWorker, WorkerLimits, WorkerView
+from scheduler import leases
+from scheduler.store.base import NotFound, worker_view
+from scheduler.store.database import Database
+from scheduler.store.lifecycle import lease_held
+from scheduler.store.reclaim import Reclaimed, retire, settle, take_back
+
+# Registrations that can take tasks: the fleet whose limits decide what a submission may ask for.
+TAKING = "status IN ('initializing', 'ready')"
+
+
+class SQLWorkers:
+    def __init__(self, store: Database) -> None:
+        self._store = store
+
+    def register(self, req: RegisterWorker) -> tuple[str, int]:
+        """(worker id, tasks requeued). A registration naming a node replaces that node's earlier
+        registrations: their group restarted, so the tasks they held go back now, not at lease expiry."""
+        worker_id = f"w-{uuid.uuid4().hex[:12]}"
+        now = self._store.clock()
+        with self._store._tx() as db:
+            db.execute("INSERT INTO workers (id, info, status, registered_at, node_id, limits)"
+                       " VALUES (?, ?, 'initializing', ?, ?, ?)",
+                       (worker_id, req.model_dump_json(exclude={"node_id", "limits"}), now, req.node_id,
+                        req.limits.model_dump_json() if req.limits else None))
+            taken = self._replace(db, req.node_id, worker_id, now) if req.node_id else []
+            self._store._notify(db, len(taken))
+        settle(self._store, taken)
+        return worker_id, len(taken)
+
+    def _replace(self, db: Any, node_id: str, new_id: str, now: float) -> list[Reclaimed]:
+        old = [r["id"] for r in db.execute(
+            "SELECT id FROM workers WHERE node_id = ? AND id != ? AND status != 'replaced'", (node_id, new_id))]
+        return [taken for worker_id in old for taken in retire(
+            self._store, db, worker_id, "replaced", ErrorCode.WORKER_RESTARTED,
+            f"worker {worker_id} restarted (node {node_id} registered again as {new_id})", now)]
+
+    def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply:
+        """Records the worker's state and renews, in one UPDATE, the leases it still holds on its
+        in-flight tasks; the others are `lost`."""
+        now = self._store.clock()
+        if hb.status == "drained":
+            return self._drained(worker_id, hb, now)
+        deadline = leases.deadline(now, self._store.lease_ttl_s)
+        in_ids, ids = self._store._ids(hb.in_flight)
+        held, held_args = lease_held(worker_id, now)
+        with self._store._tx() as db:
+            require_worker(db, worker_id)
+            # A replaced registration stays replaced: its group is gone or about to be.
+            db.execute("UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE ? END,"
+                       " in_flight = ?, last_heartbeat = ?, warnings = ?, counters = ?, safety_policy = ? WHERE id = ?",
+                       (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
+                        hb.safety_policy, worker_id))
+            rows = db.execute(f"UPDATE tasks SET lease_deadline = ?, updated_at = ? WHERE {held} AND {in_ids}"
+                              " RETURNING id, cancel_requested_at", (deadline, now, *held_args, ids)).fetchall()
+        renewed = {r["id"] for r in rows}
+        return HeartbeatReply(renewed={t: deadline for t in hb.in_flight if t in renewed},
+                              lost=[t for t in hb.in_flight if t not in renewed],
+                              cancelled=sorted(r["id"] for r in rows if r["cancel_requested_at"] is not None))
+
+    def _drained(self, worker_id: str, hb: Heartbeat, now: float) -> HeartbeatReply:
+        """A drain's last heartbeat: the worker is leaving on purpose, so its registration ends
+        `drained` (never `lost`; a replaced one stays replaced) and is refused for leases and
+        heartbeats from now on. A clean drain holds nothing; whatever it still holds goes back now."""
+        with self._store._tx() as db:
+            require_worker(db, worker_id)
+            db.execute("UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE 'drained' END,"
+                       " in_flight = '[]', last_heartbeat = ?, warnings = ?, counters = ?, safety_policy = ? WHERE id = ?",
+                       (now, json.dumps(hb.warnings), json.dumps(hb.counters), hb.safety_policy, worker_id))
+            taken = take_back(self._store, db, worker_id, ErrorCode.WORKER_DRAINED,
+                              f"worker {worker_id} drained while holding it", now)
+            self._store._notify(db, len(taken))
+        settle(self._store, taken)
+        return HeartbeatReply(renewed={}, lost=list(hb.in_flight))
+
+    def workers(self) -> list[WorkerView]:
+        rows = self._store._read().execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
+        now = self._store.clock()
+        return [worker_view(r, now) for r in rows]
+
+    def fleet_limits(self) -> list[WorkerLimits | None]:
+        """The distinct limits of the workers that can take tasks (one row per kind of worker, however
+        many there are); None for workers that advertised none."""
+        rows = self._store._read().execute(f"SELECT DISTINCT limits FROM workers WHERE {TAKING}").fetchall()
+        return [_limits(r["limits"]) if r["limits"] else None for r in rows]
+
+
+def require_worker(db: Any, worker_id: str) -> None:
+    check_registration(db.execute("SELECT status FROM workers WHERE id = ?", (worker_id,)).fetchall(), worker_id)
+
+
+def check_registration(rows: list, worker_id: str) -> None:
+    """NotFound (the worker registers again) for an unknown worker, and for a drained one: it said it
+    was leaving, so a lease or heartbeat on its registration is a bug or a reused id, never work."""
+    if not rows:
+        raise NotFound(f"no worker {worker_id}; register first")
+    if rows[0]["status"] == "drained":
+        raise NotFound(f"worker {worker_id} has drained and left; register again")
+
+
+@functools.lru_cache(maxsize=64)
+def _limits(text: str) -> WorkerLimits:
+    """Parsed once per distinct JSON: every submission reads the fleet's limits."""
+    return WorkerLimits.model_validate_json(text)
