@@ -15,12 +15,19 @@ import pytest
 from launch.local import REPO
 from worker.model.architectures import ARCHS
 from tools.bench.cli import transformer_flop
+from tools.bench.figures import with_tflops
 
 
 def test_flop_count_matches_the_published_arithmetic():
     # shared/ANCHORS.md: 74.1 TF per step at 1360x768 with 512 text tokens (59.3 linear + 14.8 attention).
     tf = transformer_flop(ARCHS["flux.1-schnell"]["transformer"], 1360, 768, 512, steps=1) / 1e12
     assert tf == pytest.approx(74.1, rel=0.005)
+
+
+def test_a_slow_run_of_a_tiny_model_still_shows_the_work_it_did():
+    # 3 images of 1e8 FLOP in 10 s: 3e-5 TFLOP/s, which four decimals rounded to 0.
+    assert with_tflops({"images": 3, "seconds": 10.0}, 1e8)["tflops"] == 3e-5
+    assert with_tflops({"images": 3, "seconds": 1.0}, 5.12345e14)["tflops"] == 1537.0
 
 
 def test_smoke_run_writes_json_and_plot(tiny_model, tmp_path):

@@ -251,4 +251,4 @@ def _describe(device: torch.device) -> str:
 
 def _print_phase(progress: Progress, name: str, e: dict) -> None:
     progress.say(f"{name:10s} {e['images_per_min']:8.1f} images/min  p50 {e['latency_ms']['p50']:8.1f} ms  "
-                 f"p95 {e['latency_ms']['p95']:8.1f} ms  {e['tflops']:.3f} TFLOP/s  peak {e['peak_memory_mb']} MB")
+                 f"p95 {e['latency_ms']['p95']:8.1f} ms  {e['tflops']:.4g} TFLOP/s  peak {e['peak_memory_mb']} MB")

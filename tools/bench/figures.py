@@ -36,7 +36,9 @@ def phase(n: int, seconds: float, latencies: list[float], stages: dict, peak_mb:
 
 
 def with_tflops(phase: dict, flops: float) -> dict:
-    phase["tflops"] = round(flops * phase["images"] / phase["seconds"] / 1e12, 4)
+    # Four significant digits, not four decimals: the tiny model on a loaded CPU makes under 5e-5
+    # TFLOP/s, which rounded to 0.0 and read as "no work done".
+    phase["tflops"] = float(f"{flops * phase['images'] / phase['seconds'] / 1e12:.4g}")
     return phase
 
 
