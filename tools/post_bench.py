@@ -71,9 +71,10 @@ def run(args, work: Path) -> dict:
     from safety.image import HFImageCheck
     from safety.text import ProfanityCheck
     from tools.random_safety import make_vit_classifier
-    from worker.config import DeadlinesConfig, EncodeConfig
-    from worker.serving.heartbeat import WorkerState
+    from worker.config import EncodeConfig
+    from worker.serving.ledger import Ledger
     from worker.serving.post import PostStage
+    from worker.serving.state import WorkerState
     from worker.storage import LocalStore
 
     torch.set_num_threads(1)  # one core per pool thread: the figure is per core
@@ -87,8 +88,8 @@ def run(args, work: Path) -> dict:
     for kind, make in (("photo", photo), ("noise", noise)):
         pixels = make(width, height)
         for workers in sorted({1, args.workers}):
-            post = PostStage(guard, store, None, WorkerState(), EncodeConfig(), "bench", False,
-                             workers, DeadlinesConfig())
+            post = PostStage(guard, store, None, WorkerState(), Ledger(), EncodeConfig(), "bench", False,
+                             workers)
             measure(post, pixels, workers, width, height)  # warm-up
             row = measure(post, pixels, args.images, width, height)
             post.shutdown()

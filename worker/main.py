@@ -22,6 +22,7 @@ from worker.model import speed
 from worker.model.engine import Engine
 from worker.nodedir import NodeDir
 from worker.ranks import distributed, lockstep
+from worker.serving import assembly
 from worker.serving.coordinator import Coordinator, Unhealthy
 from worker.serving.queue_client import Interrupted, Unavailable
 from worker.serving.registration import REGISTER_DEADLINE_S, FatalQueueError
@@ -54,7 +55,7 @@ def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None
     try:
         ctx = distributed.init_distributed(cfg.distributed, cfg.model.device, COORDINATOR_RANK, cfg.model.dtype)
         speed.check(cfg.speed, cfg.parallel, ctx.device, ctx.world_size)  # every rank, before registering
-        coordinator = Coordinator.build(cfg, ctx) if ctx.is_coordinator else None
+        coordinator = assembly.build(cfg, ctx) if ctx.is_coordinator else None
     except PERMANENT as e:
         # Fail closed: never register, never serve unchecked or undeliverable. torchrun stops the
         # other ranks.

@@ -17,13 +17,14 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch.local import REPO
-from protocol import DeviceInfo
+from protocol import DeviceInfo, ErrorCode
 from scheduler.metrics import SchedulerMetrics
 from scheduler.store import SQLiteStore
 from tests.worker.serving.test_metrics import FakeNvml
 from tools import grafana_dashboard
-from worker.serving.heartbeat import WorkerState
+from worker.serving.ledger import Ledger
 from worker.serving.metrics import Metrics
+from worker.serving.state import WorkerState
 
 PROM = REPO / "monitoring" / "prometheus"
 DASHBOARD = REPO / "monitoring" / "grafana" / "dit-fleet.json"
@@ -57,10 +58,10 @@ def exposed_names(tmp_path, monkeypatch) -> set[str]:
     """Every sample name the worker's rank 0 and the scheduler expose, with GPU and device memory."""
     for fn in ("memory_allocated", "memory_reserved", "max_memory_allocated"):
         monkeypatch.setattr(torch.cuda, fn, lambda device=None: 1 << 30)
-    state = WorkerState(warnings=["a check is off"])
-    worker = Metrics(state, torch.device("cuda", 0))
+    state, ledger = WorkerState(warnings=["a check is off"]), Ledger()
+    worker = Metrics(state, ledger, torch.device("cuda", 0))
     worker.watch_gpus([DeviceInfo(name="H100", memory_bytes=1, uuid="aaaa")], nvml=Nvml())
-    state.count("failed.storage_unavailable")
+    ledger.counters.failed(ErrorCode.STORAGE_UNAVAILABLE)
     worker.task_reported({"denoise": 10.0})
     worker.round_generated([1])
     sched = SchedulerMetrics(SQLiteStore(tmp_path / "s.db"))

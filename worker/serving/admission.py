@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from protocol import ErrorCode
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
-from worker.config import DeadlinesConfig, LimitsConfig
+from worker.config import LimitsConfig
 from worker.model.job import Job
 from worker.model.parallel import sequence_fits
-from worker.serving.heartbeat import WorkerState
+from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.reporter import Reporter
 from worker.serving.task import Task
 from worker.serving.validation import InvalidRequest, validate_task
@@ -41,8 +41,7 @@ class Admission:
     limits: LimitsConfig
     guard: Guard
     reporter: Reporter
-    state: WorkerState
-    deadlines: DeadlinesConfig
+    ledger: Ledger
     context_ranks: int = 0  # context parallelism splits each image's sequence over this many ranks
     text_tokens: int = 0  # the text's share of that sequence (model.max_sequence_length)
 
@@ -58,12 +57,12 @@ class Admission:
             task.timings.record(admit=(time.perf_counter() - t0) * 1e3)
         for task in admitted:
             # Waiting for a round: a serve loop that takes none for stall_s is stuck (the watchdog exits).
-            self.state.stage(task, "ready", self.deadlines.stall_s)
+            self.ledger.advance(task, Stage.READY)
         return admitted
 
     def _screen(self, task: Task) -> bool:
         """Validation and the text check; False: the task was failed and reported."""
-        self.state.begin(task, "admit", self.deadlines.admit_s)  # from now on the heartbeat renews it
+        self.ledger.hold(task, Stage.ADMIT)  # from now on the heartbeat renews it
         try:
             task.job = self._validate(task)
         except InvalidRequest as e:
@@ -95,5 +94,5 @@ class Admission:
             return ErrorCode.SAFETY_CHECK_FAILED, str(e), True, None
         if verdict is None or not verdict.refused:
             return None
-        self.state.count("prompts_refused")
+        self.ledger.counters.add(Counter.PROMPTS_REFUSED)
         return ErrorCode.UNSAFE_PROMPT, f"prompt refused: {verdict.describe()}", False, verdict.details()

@@ -10,9 +10,9 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponent
 
 from protocol import Lease
 from worker.config import QueueConfig
-from worker.serving.heartbeat import WorkerState
 from worker.serving.queue_client import AuthError, NotFound, QueueClient, QueueError, backoff
 from worker.serving.registration import FatalQueueError, Registration
+from worker.serving.state import WorkerState
 
 log = logging.getLogger(__name__)
 

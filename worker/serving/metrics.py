@@ -1,8 +1,8 @@
 """Rank 0's Prometheus metrics (prometheus-client), served by serving.ops.
 
 Two kinds of source, never two tallies of one thing:
-- the counters the heartbeat carries (WorkerState) are read at scrape time by StateCollector, so
-  /metrics and GET /v1/workers always agree;
+- the counters the heartbeat carries (the ledger's Tally) are read at scrape time by StateCollector,
+  so /metrics and GET /v1/workers always agree;
 - what the heartbeat does not carry is observed here as it happens: the stage histograms (from each
   reported task's timings record) and batch sizes.
 Device memory is read at scrape time; GPU temperature, power, clocks, utilisation and throttling come
@@ -22,7 +22,8 @@ from prometheus_client.registry import Collector
 from prometheus_client import PlatformCollector, ProcessCollector
 
 from protocol import DeviceInfo
-from worker.serving.heartbeat import WorkerState
+from worker.serving.ledger import REPORTED, Counter, Ledger, Tally
+from worker.serving.state import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -33,33 +34,32 @@ STAGES = ("lease", "text_check", "admit", "wait", "settle", "broadcast", "embed"
 STAGE_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, float("inf"))
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, float("inf"))
 
-# Heartbeat counters -> (metric, help, labels). Counters are totals since the worker started.
-OUTCOMES = ("succeeded", "failed", "released", "cancelled")
-REFUSALS = {"prompts_refused": "text", "images_refused": "image"}
+# Heartbeat counters -> (metric, help). Counters are totals since the worker started.
+OUTCOMES = {**REPORTED, "cancelled": Counter.TASKS_CANCELLED}
+REFUSALS = {Counter.PROMPTS_REFUSED: "text", Counter.IMAGES_REFUSED: "image"}
 COUNTERS = {
-    "images_generated": ("dit_worker_images_generated", "Images generated for tasks by every rank of the group"),
-    "corrupt_outputs": ("dit_worker_corrupt_outputs", "Images the quality check refused (NaN, blank)"),
-    "heartbeat_failures": ("dit_worker_heartbeat_failures", "Heartbeats not delivered after their retries"),
-    "leases_lost": ("dit_worker_leases_lost", "Tasks whose lease this worker lost before reporting"),
+    Counter.IMAGES_GENERATED: ("dit_worker_images_generated", "Images generated for tasks by every rank of the group"),
+    Counter.CORRUPT_OUTPUTS: ("dit_worker_corrupt_outputs", "Images the quality check refused (NaN, blank)"),
+    Counter.HEARTBEAT_FAILURES: ("dit_worker_heartbeat_failures", "Heartbeats not delivered after their retries"),
+    Counter.LEASES_LOST: ("dit_worker_leases_lost", "Tasks whose lease this worker lost before reporting"),
 }
 GAUGES = {
-    "lease_ahead": ("dit_worker_lease_ahead", "Tasks this worker may hold ahead of generation"),
-    "max_pending": ("dit_worker_max_pending", "Generated tasks that may wait for their report"),
-    "unreported_max": ("dit_worker_unreported_max", "Most generated tasks waiting for their report at once"),
+    Counter.LEASE_AHEAD: ("dit_worker_lease_ahead", "Tasks this worker may hold ahead of generation"),
+    Counter.MAX_PENDING: ("dit_worker_max_pending", "Generated tasks that may wait for their report"),
+    Counter.UNREPORTED_MAX: ("dit_worker_unreported_max", "Most generated tasks waiting for their report at once"),
 }
-FAILED_PREFIX = "failed."  # heartbeat counter per error code: failed.<code>
 
 
 class Metrics:
     """The registry /metrics serves, and the observations the heartbeat does not carry."""
 
-    def __init__(self, state: WorkerState, device: torch.device, *, process: bool = True) -> None:
+    def __init__(self, state: WorkerState, ledger: Ledger, device: torch.device, *, process: bool = True) -> None:
         self.registry = CollectorRegistry()
         self.stage = Histogram("dit_worker_stage_seconds", "Wall time of each stage, per reported task",
                                ["stage"], buckets=STAGE_BUCKETS, registry=self.registry)
         self.batch = Histogram("dit_worker_batch_size", "Images per rank per generation", buckets=BATCH_BUCKETS,
                                registry=self.registry)
-        self.registry.register(StateCollector(state))
+        self.registry.register(StateCollector(state, ledger))
         self.registry.register(MemoryCollector(device))
         if process:  # resident memory, CPU seconds, open files of rank 0
             ProcessCollector(registry=self.registry)
@@ -84,44 +84,45 @@ class Metrics:
 class StateCollector(Collector):
     """The heartbeat's counters and status, read when Prometheus scrapes."""
 
-    def __init__(self, state: WorkerState) -> None:
+    def __init__(self, state: WorkerState, ledger: Ledger) -> None:
         self._state = state
+        self._ledger = ledger
 
     def collect(self) -> Iterator[Metric]:
-        hb = self._state.snapshot()
-        c = hb.counters
-        tasks = CounterMetricFamily("dit_worker_tasks", "Tasks reported, by outcome", labels=["outcome"])
-        for outcome in OUTCOMES:
-            tasks.add_metric([outcome], c.get(f"tasks_{outcome}", 0))
-        yield tasks
-        failures = CounterMetricFamily("dit_worker_task_failures", "Failed tasks reported, by error code",
-                                       labels=["code"])
-        for name, n in sorted(c.items()):
-            if name.startswith(FAILED_PREFIX):
-                failures.add_metric([name[len(FAILED_PREFIX):]], n)
-        yield failures
-        refusals = CounterMetricFamily("dit_worker_refusals", "Tasks a safety check refused, by check",
-                                       labels=["check"])
-        for name, check in REFUSALS.items():
-            refusals.add_metric([check], c.get(name, 0))
-        yield refusals
-        for key, (name, doc) in COUNTERS.items():
-            yield CounterMetricFamily(name, doc, value=c.get(key, 0))
-        yield CounterMetricFamily("dit_worker_report_seconds", "Time spent delivering final reports",
-                                  value=c.get("report_us_total", 0) / 1e6)
-        for key, (name, doc) in GAUGES.items():
-            yield GaugeMetricFamily(name, doc, value=c.get(key, 0))
+        yield from self._counters(self._ledger.counters)
         yield GaugeMetricFamily("dit_worker_in_flight", "Tasks held whose stage is within its deadline",
-                                value=len(hb.in_flight))
+                                value=len(self._ledger.in_flight()))
         status = GaugeMetricFamily("dit_worker_status", "1 for the status the worker reports", labels=["status"])
         for s in ("initializing", "ready", "draining"):
-            status.add_metric([s], float(hb.status == s))
+            status.add_metric([s], float(self._state.status == s))
         yield status
         warnings = GaugeMetricFamily("dit_worker_warnings", "Safety checks switched off by config, and the like",
                                      labels=["warning"])
-        for w in hb.warnings:
+        for w in self._state.warnings:
             warnings.add_metric([w], 1)
         yield warnings
+
+    def _counters(self, tally: Tally) -> Iterator[Metric]:
+        tasks = CounterMetricFamily("dit_worker_tasks", "Tasks reported, by outcome", labels=["outcome"])
+        for outcome, counter in OUTCOMES.items():
+            tasks.add_metric([outcome], tally.get(counter))
+        yield tasks
+        failures = CounterMetricFamily("dit_worker_task_failures", "Failed tasks reported, by error code",
+                                       labels=["code"])
+        for code, n in sorted(tally.failures().items()):
+            failures.add_metric([code.value], n)
+        yield failures
+        refusals = CounterMetricFamily("dit_worker_refusals", "Tasks a safety check refused, by check",
+                                       labels=["check"])
+        for counter, check in REFUSALS.items():
+            refusals.add_metric([check], tally.get(counter))
+        yield refusals
+        for counter, (name, doc) in COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=tally.get(counter))
+        yield CounterMetricFamily("dit_worker_report_seconds", "Time spent delivering final reports",
+                                  value=tally.get(Counter.REPORT_US_TOTAL) / 1e6)
+        for counter, (name, doc) in GAUGES.items():
+            yield GaugeMetricFamily(name, doc, value=tally.get(counter))
 
 
 class MemoryCollector(Collector):

@@ -23,8 +23,8 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from worker.config import ConfigError
 from worker.config.schema import OpsConfig
-from worker.serving.heartbeat import WorkerState
 from worker.serving.metrics import Metrics
+from worker.serving.state import WorkerState
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """After generation, on rank 0, off the GPU's critical path: quality check -> image check -> encode
--> store. Runs in a bounded pool while the next round generates; each task settles on a result, an
-error, or nothing (its lease was lost), which the reporter reports in lease order.
+-> store. Runs in a bounded pool while the next round generates; each task ends with a PostResult:
+a result, an error, or nothing (the ledger says it is dropped), reported in lease order (backlog).
 
-Nothing is stored unless both checks passed (or were switched off by config), and nothing settles
-as a result without a stored, verified object.
+Nothing is stored unless both checks passed (or were switched off by config), and nothing ends as a
+result without a stored, verified object.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import numpy as np
 from protocol import ErrorCode, ErrorEnvelope, TaskResult
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
-from worker.config import DeadlinesConfig, EncodeConfig
+from worker.config import EncodeConfig
 from worker.model.job import Job
 from worker.ranks.lockstep import Outcome
-from worker.serving.heartbeat import WorkerState
-from worker.serving.reporter import Settled, failure
+from worker.serving.ledger import Counter, Ledger, Stage
+from worker.serving.results import PostResult, failure
+from worker.serving.state import WorkerState
 from worker.serving.task import Task
 from worker.storage import Artifact, ObjectConflict, StorageUnavailable, Store, UploadCorrupted
 from worker.storage.encode import encode_image
@@ -36,48 +37,48 @@ class PostStage:
     guard: Guard
     store: Store
     quarantine: Store | None  # where flagged images go for review; None: not kept
-    state: WorkerState
+    state: WorkerState  # told whether storage works (readiness)
+    ledger: Ledger
     encode: EncodeConfig
     model_name: str
     include_prompt: bool  # the prompt itself in the object's metadata (always its sha256)
     workers: int  # threads of the pool
-    deadlines: DeadlinesConfig
 
     def __post_init__(self) -> None:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="post")
 
     def submit(self, task: Task, out: Outcome) -> Future:
-        """A Future of the task's Settled outcome."""
+        """A Future of the task's PostResult."""
         return self._pool.submit(self.run, task, out)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def run(self, task: Task, out: Outcome) -> Settled:
-        self.state.stage(task, "check", self.deadlines.check_s)
+    def run(self, task: Task, out: Outcome) -> PostResult:
+        self.ledger.advance(task, Stage.CHECK)
         with task.timings.stage("image_check"):
             refusal = self._check(task.job, out)
         if refusal is not None:
             return self._done(task, refusal)
-        if self.state.is_cancelled(task):  # never stored
+        if self.ledger.cancelled(task):  # never stored
             return self._done(task, failure(ErrorCode.CANCELLED, "cancelled by a client; the image was "
                                             "discarded before storing", retryable=False))
-        if self.state.is_lost(task):  # a newer attempt owns the task and its object, or it ran out of time
+        if self.ledger.dropped(task):  # a newer attempt owns the task and its object, or it ran out of time
             log.warning("task %s: lease lost or deadline passed; result discarded", task.id,
                         extra=task.fields(stage="check"))
             return None
         return self._done(task, self._stored(task, out))
 
-    def _done(self, task: Task, settled: Settled) -> Settled:
-        self.state.stage(task, "report", self.deadlines.report_s)  # reported in lease order
-        return settled
+    def _done(self, task: Task, result: PostResult) -> PostResult:
+        self.ledger.advance(task, Stage.REPORT)  # reported in lease order
+        return result
 
     def _check(self, job: Job, out: Outcome) -> ErrorEnvelope | None:
         """Quality, then content. None when the image may be stored."""
         pixels = out.picture.pixels
         quality = self.guard.inspect(pixels, out.picture.nonfinite)
         if not quality.ok:
-            self.state.count("corrupt_outputs")
+            self.ledger.counters.add(Counter.CORRUPT_OUTPUTS)
             return failure(ErrorCode.CORRUPT_OUTPUT, quality.reason, retryable=True)
         try:
             verdict = self.guard.screen_image(pixels)
@@ -85,7 +86,7 @@ class PostStage:
             return failure(ErrorCode.SAFETY_CHECK_FAILED, str(e), retryable=True)
         if verdict is None or not verdict.refused:
             return None
-        self.state.count("images_refused")
+        self.ledger.counters.add(Counter.IMAGES_REFUSED)
         self._keep_for_review(job, pixels)
         return failure(ErrorCode.UNSAFE_IMAGE, f"image refused: {verdict.describe()}", retryable=False,
                        details=verdict.details())
@@ -102,12 +103,12 @@ class PostStage:
         except Exception:
             log.exception("task %s: could not quarantine the flagged image", job.task_id)
 
-    def _stored(self, task: Task, out: Outcome) -> Settled:
+    def _stored(self, task: Task, out: Outcome) -> PostResult:
         job = task.job
-        self.state.stage(task, "encode", self.deadlines.encode_s)
+        self.ledger.advance(task, Stage.ENCODE)
         with task.timings.stage("encode"):
             data, content_type = encode_image(out.picture.pixels, job.output_format, self.encode)
-        self.state.stage(task, "store", self.deadlines.store_s)
+        self.ledger.advance(task, Stage.STORE)
         try:
             with task.timings.stage("store"):
                 obj = self.store.put(Artifact(job.task_id, data, content_type, task.lease.created_at,

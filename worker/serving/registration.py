@@ -14,8 +14,10 @@ import threading
 from importlib import metadata
 
 from protocol import DeviceInfo, RegisterWorker, WorkerLimits
-from worker.serving.heartbeat import HeartbeatThread, WorkerState
+from worker.serving.heartbeat import HeartbeatThread
+from worker.serving.ledger import Ledger
 from worker.serving.queue_client import AuthError, QueueClient
+from worker.serving.state import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +30,12 @@ class FatalQueueError(RuntimeError):
 
 
 class Registration:
-    def __init__(self, client: QueueClient, state: WorkerState, heartbeat_interval_s: float,
+    def __init__(self, client: QueueClient, state: WorkerState, ledger: Ledger, heartbeat_interval_s: float,
                  world_size: int, model: str, node_id: str | None = None,
                  limits: WorkerLimits | None = None) -> None:
         self._client = client
         self._state = state
+        self._ledger = ledger  # what the heartbeat renews and counts
         self._interval_s = heartbeat_interval_s
         self._world_size = world_size
         self._model = model
@@ -74,7 +77,8 @@ class Registration:
         self.worker_id = reg.worker_id
         log.info("registered as %s (lease ttl %.0fs)", reg.worker_id, reg.lease_ttl_s)
         if self._heartbeat is None:
-            self._heartbeat = HeartbeatThread(self._client, self.worker_id, self._state, self._interval_s)
+            self._heartbeat = HeartbeatThread(self._client, self.worker_id, self._state, self._ledger,
+                                              self._interval_s)
             self._heartbeat.start()
         else:
             self._heartbeat.worker_id = self.worker_id

@@ -2,7 +2,8 @@
 
 One Task object follows the task through every stage (intake, generation, post stage, report), so
 its timings are one record, filled stage by stage. A task is in one stage at a time, so one thread
-writes its record at a time.
+writes its record at a time. Which stage that is, and the task's fate, are the ledger's to say
+(worker.serving.ledger): the Task object is the identity of one attempt.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ class Task:
     job: Job | None = None  # set once admitted (validated, seeded, checked)
     timings: Timings = field(default_factory=Timings)
     ready_at: float = 0.0  # time.monotonic() when admitted: the batching window starts here
-    abandoned: bool = False  # failed past a stage deadline: whatever it produces later is dropped
     leased_at: float = field(default_factory=time.monotonic)
 
     def fields(self, **more) -> dict:

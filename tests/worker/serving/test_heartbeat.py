@@ -6,9 +6,11 @@ import pytest
 
 from launch.local import free_port, start_scheduler, wait_until
 from protocol import DeviceInfo, RegisterWorker
-from worker.config import QueueConfig
-from worker.serving.heartbeat import HeartbeatThread, WorkerState
+from worker.config import DeadlinesConfig, QueueConfig
+from worker.serving.heartbeat import HeartbeatThread
+from worker.serving.ledger import Fate, Ledger, Stage, stage_limits
 from worker.serving.queue_client import QueueClient
+from worker.serving.state import WorkerState
 from worker.serving.task import Task
 
 LEASE_TTL_S = 1.0
@@ -35,21 +37,21 @@ def status_of(url: str, task_id: str) -> str:
     return httpx.get(f"{url}/v1/tasks/{task_id}").json()["status"]
 
 
-def held_task(url, client, state: WorkerState, stage: str, limit_s: float) -> tuple[str, dict]:
-    """A registered worker holding a lease on a fresh task, in `stage` for `limit_s`."""
+def held_task(url, client, ledger: Ledger, stage: Stage) -> tuple[str, dict]:
+    """A registered worker holding a lease on a fresh task, in `stage`."""
     wid = register(client)
     task = httpx.post(f"{url}/v1/tasks", json={"input": {"prompt": "x"}}).json()
     lease, = client.lease(wid, 1, 0)
-    state.begin(Task(lease), stage, limit_s)
+    ledger.hold(Task(lease), stage)
     return wid, task
 
 
 def test_heartbeat_keeps_a_lease_alive_and_reports_status(queue):
     url, client = queue
-    state = WorkerState(safety_policy="2026.11.1")
-    wid, task = held_task(url, client, state, "generate", 60)
+    state, ledger = WorkerState(safety_policy="2026.11.1"), Ledger(stage_limits(DeadlinesConfig(generate_s=60)))
+    wid, task = held_task(url, client, ledger, Stage.GENERATE)
     state.set_status("ready")
-    hb = HeartbeatThread(client, wid, state, interval_s=0.3)
+    hb = HeartbeatThread(client, wid, state, ledger, interval_s=0.3)
     hb.start()
     # Eight beats take about 2.4 s: more than twice the lease ttl, renewed all along.
     wait_until(lambda: hb.beats >= 8, 10, "eight heartbeats")
@@ -66,7 +68,7 @@ def test_status_change_is_sent_at_once(queue):
     url, client = queue
     wid = register(client)
     state = WorkerState()
-    hb = HeartbeatThread(client, wid, state, interval_s=60)
+    hb = HeartbeatThread(client, wid, state, Ledger(), interval_s=60)
     hb.start()
     wait_until(lambda: hb.beats >= 1, 10, "the first heartbeat")
     state.set_status("ready")
@@ -82,31 +84,32 @@ def test_lost_lease_is_marked(queue):
     lease, = client.lease(wid, 1, 0)
     # The lease expires (ttl 1 s) and the task goes to another worker.
     wait_until(lambda: client.lease(other, 1, 0), 10, "the expired task to be leased again")
-    state = WorkerState()
+    ledger = Ledger(stage_limits(DeadlinesConfig(generate_s=60)))
     task = Task(lease)
-    state.begin(task, "generate", limit_s=60)
-    HeartbeatThread(client, wid, state, interval_s=60).beat()
-    assert state.is_lost(task)
+    ledger.hold(task, Stage.GENERATE)
+    HeartbeatThread(client, wid, WorkerState(), ledger, interval_s=60).beat()
+    assert ledger.fate(task) is Fate.LOST and ledger.dropped(task)
+    assert ledger.counters.as_wire()["leases_lost"] == 1
 
 
 def test_unknown_worker_asks_for_registration(queue):
     _, client = queue
     state = WorkerState()
-    HeartbeatThread(client, "w-nobody", state, interval_s=60).beat()
+    HeartbeatThread(client, "w-nobody", state, Ledger(), interval_s=60).beat()
     assert state.worker_unknown.is_set()
 
 
 def test_a_task_past_its_stage_deadline_is_no_longer_renewed(queue):
     url, client = queue
     clock = FakeClock()
-    state = WorkerState(clock=clock)
-    wid, task = held_task(url, client, state, "store", 30)
-    hb = HeartbeatThread(client, wid, state, interval_s=0.2)
+    ledger = Ledger(stage_limits(DeadlinesConfig(store_s=30)), clock=clock)
+    wid, task = held_task(url, client, ledger, Stage.STORE)
+    hb = HeartbeatThread(client, wid, WorkerState(clock=clock), ledger, interval_s=0.2)
     hb.start()
     wait_until(lambda: hb.beats >= 3, 10, "three heartbeats")
     assert status_of(url, task["id"]) == "leased"  # renewed past its 1 s TTL while the store moves
     clock.now += 31  # the store hangs past its deadline
-    assert state.snapshot().in_flight == []
+    assert ledger.in_flight() == [] and hb.message().in_flight == []
     wait_until(lambda: status_of(url, task["id"]) == "queued", 10, "the lease to expire, no longer renewed")
     hb.stop()
 

@@ -1,4 +1,4 @@
-"""Rank 0's metrics: the heartbeat's counters and /metrics come from one tally (WorkerState), the
+"""Rank 0's metrics: the heartbeat's counters and /metrics come from one tally (the ledger's), the
 stage histograms from each reported task's timings; GPU figures from NVML (a fake here: no GPU)."""
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
 
 from protocol import DeviceInfo, ErrorCode, ReportOutcome, TaskResult
-from worker.serving.heartbeat import WorkerState
+from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.metrics import Metrics
-from worker.serving.reporter import Reporter, failure
-from tests.worker.serving.test_reporter import RecordingClient, task
+from worker.serving.reporter import Reporter
+from worker.serving.results import failure
+from worker.serving.state import WorkerState
+from tests.worker.serving.test_reporter import RecordingClient, backlog_of, task
 
 
 def scrape(metrics: Metrics) -> dict[tuple[str, tuple], float]:
@@ -25,17 +27,19 @@ def scrape(metrics: Metrics) -> dict[tuple[str, tuple], float]:
 
 
 def test_outcomes_and_refusals_are_the_heartbeats_counters():
-    state = WorkerState(warnings=["image check off"])
-    metrics = Metrics(state, torch.device("cpu"), process=False)
-    state.count("tasks_succeeded", 3)
-    state.count("tasks_failed", 2)
-    state.count("failed.unsafe_prompt", 2)
-    state.count("prompts_refused", 2)
-    state.count("images_refused")
-    state.count("heartbeat_failures")
+    state, ledger = WorkerState(warnings=["image check off"]), Ledger()
+    metrics = Metrics(state, ledger, torch.device("cpu"), process=False)
+    tally = ledger.counters
+    tally.add(Counter.TASKS_SUCCEEDED, 3)
+    tally.add(Counter.TASKS_FAILED, 2)
+    tally.failed(ErrorCode.UNSAFE_PROMPT)
+    tally.failed(ErrorCode.UNSAFE_PROMPT)
+    tally.add(Counter.PROMPTS_REFUSED, 2)
+    tally.add(Counter.IMAGES_REFUSED)
+    tally.add(Counter.HEARTBEAT_FAILURES)
     state.set_status("ready")
     got = scrape(metrics)
-    counters = state.snapshot().counters
+    counters = tally.as_wire()  # the heartbeat's
     assert got[("dit_worker_tasks_total", (("outcome", "succeeded"),))] == counters["tasks_succeeded"] == 3
     assert got[("dit_worker_tasks_total", (("outcome", "failed"),))] == 2
     assert got[("dit_worker_task_failures_total", (("code", "unsafe_prompt"),))] == 2
@@ -48,17 +52,17 @@ def test_outcomes_and_refusals_are_the_heartbeats_counters():
 
 
 def test_a_reported_task_feeds_the_stage_histograms_and_its_error_code():
-    state = WorkerState()
-    metrics = Metrics(state, torch.device("cpu"), process=False)
-    reporter = Reporter(RecordingClient(), lambda: "w-1", state, deadline_s=1.0, metrics=metrics)
+    ledger = Ledger()
+    metrics = Metrics(WorkerState(), ledger, torch.device("cpu"), process=False)
+    reporter = backlog_of(RecordingClient(), ledger, metrics=metrics)
     ok, bad = task("a"), task("b")
     ok.timings.record(lease=5.0, denoise=900.0, vae=120.0, store=30.0, not_a_stage=1.0)
     bad.timings.record(lease=5.0, text_check=2.0)
     pool = ThreadPoolExecutor(1)
     result = TaskResult(uri="file:///a.png", content_type="image/png", width=64, height=64, seed=1, bytes=1, sha256="0")
-    reporter.track(ok, pool.submit(lambda: result))
-    reporter.track(bad, pool.submit(lambda: failure(ErrorCode.UNSAFE_PROMPT, "no", retryable=False)))
-    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    reporter.add(ok, pool.submit(lambda: result))
+    reporter.add(bad, pool.submit(lambda: failure(ErrorCode.UNSAFE_PROMPT, "no", retryable=False)))
+    reporter.report_down_to(0, keepalive=lambda: None, every_s=0.05)
     got = scrape(metrics)
     count = {stage: got.get(("dit_worker_stage_seconds_count", (("stage", stage),)), 0)
              for stage in ("lease", "denoise", "vae", "store", "text_check", "report", "not_a_stage")}
@@ -68,27 +72,27 @@ def test_a_reported_task_feeds_the_stage_histograms_and_its_error_code():
     assert got[("dit_worker_stage_seconds_bucket", (("le", "1.0"), ("stage", "denoise")))] == 1
     assert got[("dit_worker_stage_seconds_bucket", (("le", "0.5"), ("stage", "denoise")))] == 0
     assert got[("dit_worker_task_failures_total", (("code", "unsafe_prompt"),))] == 1
-    assert state.snapshot().counters["failed.unsafe_prompt"] == 1
+    assert ledger.counters.as_wire()["failed.unsafe_prompt"] == 1
 
 
 def test_lost_leases_are_counted_once_whether_the_heartbeat_or_a_report_finds_them():
-    state = WorkerState()
-    metrics = Metrics(state, torch.device("cpu"), process=False)
+    ledger = Ledger()
+    metrics = Metrics(WorkerState(), ledger, torch.device("cpu"), process=False)
     a, b = task("a"), task("b")
-    state.begin(a, "generate", 60)
-    state.begin(b, "generate", 60)
-    state.mark_lost(["a"])
-    state.mark_lost(["a", "unknown"])  # told again, and about a task it does not hold: not counted
+    ledger.hold(a, Stage.GENERATE)
+    ledger.hold(b, Stage.GENERATE)
+    ledger.mark_lost(["a"])
+    ledger.mark_lost(["a", "unknown"])  # told again, and about a task it does not hold: not counted
     client = RecordingClient()
     client.report_many = lambda reports, deadline_s: [
         ReportOutcome(task_id=r.task_id, status_code=409, detail="stale") for r in reports]
-    reporter = Reporter(client, lambda: "w-1", state, deadline_s=1.0)
+    reporter = Reporter(client, lambda: "w-1", ledger, deadline_s=1.0)
     reporter.processing_all([b, task("c")])
     assert scrape(metrics)[("dit_worker_leases_lost_total", ())] == 3  # a, then b and c refused
 
 
 def test_batch_sizes_are_a_histogram():
-    metrics = Metrics(WorkerState(), torch.device("cpu"), process=False)
+    metrics = Metrics(WorkerState(), Ledger(), torch.device("cpu"), process=False)
     metrics.round_generated([4, 4, 1])
     got = scrape(metrics)
     assert got[("dit_worker_batch_size_count", ())] == 3 and got[("dit_worker_batch_size_sum", ())] == 9
@@ -132,7 +136,7 @@ class FakeNvml:
 
 
 def test_gpu_figures_per_rank_for_this_hosts_devices_from_nvml():
-    metrics = Metrics(WorkerState(), torch.device("cpu"), process=False)
+    metrics = Metrics(WorkerState(), Ledger(), torch.device("cpu"), process=False)
     devices = [DeviceInfo(name="H100", memory_bytes=1, uuid="aaaa"), DeviceInfo(name="H100", memory_bytes=1, uuid="bbbb")]
     metrics.watch_gpus(devices, nvml=FakeNvml())
     got = scrape(metrics)
@@ -148,7 +152,7 @@ def test_gpu_figures_per_rank_for_this_hosts_devices_from_nvml():
 
 
 def test_no_gpu_metrics_without_nvml_or_without_gpus():
-    metrics = Metrics(WorkerState(), torch.device("cpu"), process=False)
+    metrics = Metrics(WorkerState(), Ledger(), torch.device("cpu"), process=False)
     metrics.watch_gpus([DeviceInfo(name="cpu", memory_bytes=1)])  # CPU ranks: NVML never asked
     broken = FakeNvml()
     broken.nvmlInit = lambda: (_ for _ in ()).throw(broken.NVMLError("NVML Shared Library Not Found"))

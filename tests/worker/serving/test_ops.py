@@ -11,21 +11,22 @@ import torch
 
 from worker.config import ConfigError
 from worker.config.schema import OpsConfig
-from worker.serving.heartbeat import WorkerState
+from worker.serving.ledger import Counter, Ledger
 from worker.serving.metrics import Metrics
 from worker.serving.ops import Health, OpsServer
+from worker.serving.state import WorkerState
 from tests.harness import Clock
 
 
 @pytest.fixture
 def node():
     clock = Clock()
-    state = WorkerState(clock=clock)
+    state, ledger = WorkerState(clock=clock), Ledger(clock=clock)
     draining = {"on": False}
     health = Health(state, stall_s=300, load_s=1800, draining=lambda: draining["on"])
-    server = OpsServer(OpsConfig(host="127.0.0.1", port=0), Metrics(state, torch.device("cpu")), health)
+    server = OpsServer(OpsConfig(host="127.0.0.1", port=0), Metrics(state, ledger, torch.device("cpu")), health)
     url = server.start()
-    yield url, state, clock, draining
+    yield url, state, ledger, clock, draining
     server.stop()
 
 
@@ -35,7 +36,7 @@ def probe(url: str, path: str) -> tuple[int, dict]:
 
 
 def test_readiness_turns_true_after_warm_up_and_false_while_draining(node):
-    url, state, clock, draining = node
+    url, state, _, clock, draining = node
     assert probe(url, "/readyz") == (503, {"ok": False, "reason": "loading and warming up"})
     assert probe(url, "/livez")[0] == 200  # loading is alive
     state.set_status("ready")  # the serve loop starts only after warm-up
@@ -50,7 +51,7 @@ def test_readiness_turns_true_after_warm_up_and_false_while_draining(node):
 
 
 def test_liveness_turns_false_when_the_serve_loop_stalls_past_its_deadline(node):
-    url, state, clock, _ = node
+    url, state, _, clock, _ = node
     state.set_status("ready")
     state.progress()
     clock.now += 299
@@ -63,14 +64,14 @@ def test_liveness_turns_false_when_the_serve_loop_stalls_past_its_deadline(node)
 
 
 def test_a_load_that_outlasts_its_timeout_is_not_alive(node):
-    url, state, clock, _ = node
+    url, state, _, clock, _ = node
     clock.now += 1801
     assert probe(url, "/livez") == (503, {"ok": False, "reason": "loading for 1801s (limit 1800s)"})
 
 
 def test_metrics_are_served_and_other_paths_are_404(node):
-    url, state, *_ = node
-    state.count("tasks_succeeded", 2)
+    url, _, ledger, *_ = node
+    ledger.counters.add(Counter.TASKS_SUCCEEDED, 2)
     text = httpx.get(f"{url}/metrics", timeout=5).text
     assert 'dit_worker_tasks_total{outcome="succeeded"} 2.0' in text
     assert "process_resident_memory_bytes" in text
@@ -83,7 +84,7 @@ def test_a_busy_port_is_refused_at_start_naming_the_field():
         taken.listen()
         port = taken.getsockname()[1]
         state = WorkerState()
-        server = OpsServer(OpsConfig(host="127.0.0.1", port=port), Metrics(state, torch.device("cpu")),
+        server = OpsServer(OpsConfig(host="127.0.0.1", port=port), Metrics(state, Ledger(), torch.device("cpu")),
                            Health(state, 300, 1800, lambda: False))
         with pytest.raises(ConfigError, match=f"ops.port: cannot listen on 127.0.0.1:{port}"):
             server.start()

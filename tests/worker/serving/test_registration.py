@@ -10,9 +10,10 @@ import pytest
 from launch.local import free_port, start_scheduler, wait_until
 from protocol import DeviceInfo
 from worker.config import LimitsConfig, QueueConfig
-from worker.serving.heartbeat import WorkerState
+from worker.serving.ledger import Ledger
 from worker.serving.queue_client import NotFound, QueueClient
 from worker.serving.registration import Registration
+from worker.serving.state import WorkerState
 from worker.serving.validation import advertised
 
 LIMITS = LimitsConfig(max_side=1024, max_pixels=1024 * 1024, default_width=256, default_height=256)
@@ -36,7 +37,7 @@ def statuses(url: str) -> dict[str, str]:
 
 def test_the_registration_advertises_the_limits_validation_applies(queue):
     url, client = queue
-    reg = Registration(client, WorkerState(), 0.2, world_size=1, model="m", limits=advertised(LIMITS))
+    reg = Registration(client, WorkerState(), Ledger(), 0.2, world_size=1, model="m", limits=advertised(LIMITS))
     reg.register(DEVICES)
     try:
         [view] = httpx.get(f"{url}/v1/workers").json()
@@ -52,7 +53,7 @@ def test_leaving_after_a_drain_is_shown_drained_never_lost(queue):
     url, client = queue
     state = WorkerState()
     state.set_status("ready")
-    reg = Registration(client, state, 0.2, world_size=1, model="m", limits=advertised(LIMITS))
+    reg = Registration(client, state, Ledger(), 0.2, world_size=1, model="m", limits=advertised(LIMITS))
     reg.register(DEVICES)
     wait_until(lambda: statuses(url).get(reg.worker_id) == "ready", 10, "the worker ready")
     state.set_status("draining")
@@ -63,7 +64,7 @@ def test_leaving_after_a_drain_is_shown_drained_never_lost(queue):
         client.lease(reg.worker_id, 1, 0)  # the registration takes no more work
     # A worker that stops beating without a word is lost after the liveness time (1 s); the
     # drained one, silent as long, is not.
-    silent = Registration(client, WorkerState(), 60, world_size=1, model="m")
+    silent = Registration(client, WorkerState(), Ledger(), 60, world_size=1, model="m")
     silent.register(DEVICES)
     silent.close()
     wait_until(lambda: statuses(url)[silent.worker_id] == "lost", 15, "the silent worker lost")

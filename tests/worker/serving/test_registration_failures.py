@@ -6,9 +6,10 @@ from __future__ import annotations
 from launch.local import free_port, start_scheduler
 from tests.worker.serving.test_registration import DEVICES
 from worker.config import QueueConfig
-from worker.serving.heartbeat import WorkerState
+from worker.serving.ledger import Ledger
 from worker.serving.queue_client import QueueClient
 from worker.serving.registration import Registration
+from worker.serving.state import WorkerState
 
 
 def test_leaving_while_the_scheduler_is_down_says_it_could_not_tell(tmp_path, caplog):
@@ -16,7 +17,7 @@ def test_leaving_while_the_scheduler_is_down_says_it_could_not_tell(tmp_path, ca
     proc = start_scheduler(tmp_path / "s.db", port, tmp_path / "s.log")
     client = QueueClient(QueueConfig(url=f"http://127.0.0.1:{port}", timeout_s=0.5), token=None)
     try:
-        reg = Registration(client, WorkerState(), 0.2, world_size=1, model="m")
+        reg = Registration(client, WorkerState(), Ledger(), 0.2, world_size=1, model="m")
         reg.register(DEVICES)
         proc.kill()
         assert reg.leave() is False  # within the heartbeat's deadline, one interval

@@ -1,6 +1,6 @@
-"""Rank 0's reports: post stages overlap, reports stay in lease order, and settle waits only down to
-its limit. Each fake post stage waits on a gate the test opens, so the order is forced by events,
-not by sleeps."""
+"""Rank 0's reports: post stages overlap, reports stay in lease order, and the serve loop's wait for
+them (the backlog) lasts only down to its limit. Each fake post stage waits on a gate the test opens,
+so the order is forced by events, not by sleeps."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from protocol import ErrorCode, Lease, ReportOutcome, TaskResult
-from worker.serving.heartbeat import WorkerState
+from worker.serving.backlog import Backlog
+from worker.serving.ledger import Fate, Ledger, Stage
 from worker.serving.queue_client import NotFound
-from worker.serving.reporter import Reporter, failure
+from worker.serving.reporter import Reporter
+from worker.serving.results import failure
 from worker.serving.task import Task
 
 
@@ -61,10 +63,15 @@ def task(task_id: str) -> Task:
                       lease_ttl_s=10.0, attempt=1))
 
 
+def backlog_of(client, ledger: Ledger | None = None, **kw) -> Backlog:
+    ledger = ledger or Ledger()
+    return Backlog(Reporter(client, lambda: "w-1", ledger, deadline_s=1.0, **kw), ledger)
+
+
 @pytest.fixture
 def reporter():
     client = RecordingClient()
-    return Reporter(client, lambda: "w-1", WorkerState(), deadline_s=1.0), client
+    return backlog_of(client), client
 
 
 def test_reports_follow_lease_order_while_post_stages_overlap(reporter):
@@ -72,31 +79,31 @@ def test_reports_follow_lease_order_while_post_stages_overlap(reporter):
     post = GatedPost("abc")
     futures = {t: post.submit(task(t)) for t in "abc"}
     for t in "abc":  # handing over never waits for a post stage: every gate is still closed
-        reporter.track(task(t), futures[t])
+        reporter.add(task(t), futures[t])
     post.gates["b"].set()  # b's and c's post stages finish before a's
     futures["b"].result(5)
     post.gates["c"].set()
     futures["c"].result(5)
     post.gates["a"].set()
-    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    reporter.report_down_to(0, keepalive=lambda: None, every_s=0.05)
     assert post.finished[0] == "b"  # b finished first...
     assert client.reports == [("a", "succeeded"), ("b", "succeeded"), ("c", "failed")]  # ...reported after a
     assert client.calls == [3]  # finished together: one call
 
 
-def test_settle_reports_what_is_done_and_leaves_the_rest(reporter):
+def test_the_wait_reports_what_is_done_and_leaves_the_rest(reporter):
     reporter, client = reporter
     post = GatedPost("ab")
     first = post.submit(task("a"))
-    reporter.track(task("a"), first)
-    reporter.track(task("b"), post.submit(task("b")))
+    reporter.add(task("a"), first)
+    reporter.add(task("b"), post.submit(task("b")))
     post.gates["a"].set()
     first.result(5)
-    reporter.settle(1, keepalive=lambda: None, every_s=0.05)
-    assert client.reports == [("a", "succeeded")] and reporter.pending == 1
+    reporter.report_down_to(1, keepalive=lambda: None, every_s=0.05)
+    assert client.reports == [("a", "succeeded")] and len(reporter) == 1
     keepalives = []
     threading.Timer(0.2, post.gates["b"].set).start()
-    reporter.settle(0, keepalive=lambda: keepalives.append(1), every_s=0.05)
+    reporter.report_down_to(0, keepalive=lambda: keepalives.append(1), every_s=0.05)
     assert client.reports == [("a", "succeeded"), ("b", "succeeded")]
     assert keepalives  # the followers were kept alive while it waited
 
@@ -104,38 +111,45 @@ def test_settle_reports_what_is_done_and_leaves_the_rest(reporter):
 def test_a_post_stage_that_raises_fails_its_task_retryable(reporter):
     reporter, client = reporter
     pool = ThreadPoolExecutor(1)
-    reporter.track(task("a"), pool.submit(lambda: 1 / 0))
-    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    reporter.add(task("a"), pool.submit(lambda: 1 / 0))
+    reporter.report_down_to(0, keepalive=lambda: None, every_s=0.05)
     assert client.reports == [("a", "failed")]
 
 
-def test_settle_passes_over_a_task_the_watchdog_failed_while_its_post_stage_hangs(reporter):
-    reporter, client = reporter
+def test_the_wait_passes_over_a_task_the_watchdog_failed_while_its_post_stage_hangs():
+    clock = Clock()
+    ledger, client = Ledger(clock=clock), RecordingClient()
+    reporter = backlog_of(client, ledger)
     post = GatedPost("ab")
     hung, done = task("a"), task("b")
-    reporter.track(hung, post.submit(hung))  # a's gate never opens: an upload that never returns
+    ledger.hold(hung, Stage.STORE)
+    ledger.hold(done, Stage.STORE)
+    reporter.add(hung, post.submit(hung))  # a's gate never opens: an upload that never returns
     second = post.submit(done)
-    reporter.track(done, second)
+    reporter.add(done, second)
     post.gates["b"].set()
     second.result(5)
-    hung.abandoned = True  # the watchdog failed it past its deadline and reported that itself
-    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
-    assert client.reports == [("b", "succeeded")] and reporter.pending == 0
+    ledger.advance(done, Stage.REPORT)
+    clock.now += 91  # past store_s: the watchdog failed it and reported that itself
+    assert [h.task for h in ledger.overdue()] == [hung]
+    ledger.end(hung)
+    reporter.report_down_to(0, keepalive=lambda: None, every_s=0.05)
+    assert client.reports == [("b", "succeeded")] and len(reporter) == 0
     post.gates["a"].set()
 
 
 def test_with_a_scheduler_without_batch_reports_each_goes_alone_in_lease_order():
     client = RecordingClient(batches=False)
-    reporter = Reporter(client, lambda: "w-1", WorkerState(), deadline_s=1.0)
+    reporter = backlog_of(client)
     post = GatedPost("abc")
     futures = {t: post.submit(task(t)) for t in "abc"}
     for t in "abc":
-        reporter.track(task(t), futures[t])
+        reporter.add(task(t), futures[t])
         post.gates[t].set()
         futures[t].result(5)
-    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    reporter.report_down_to(0, keepalive=lambda: None, every_s=0.05)
     assert client.reports == [("a", "succeeded"), ("b", "succeeded"), ("c", "failed")]
-    assert client.calls == [1, 1, 1] and reporter._batching is False
+    assert client.calls == [1, 1, 1] and reporter._reporter.delivery.batching is False
 
 
 class RefusingClient(RecordingClient):
@@ -161,15 +175,16 @@ class RefusingClient(RecordingClient):
 @pytest.mark.parametrize("batches", [True, False])
 def test_a_lease_calls_processing_reports_go_in_one_call_and_a_lost_lease_is_not_run(batches):
     client = RefusingClient({"b"}, batches)
-    state = WorkerState()
+    ledger = Ledger()
     tasks = [task(t) for t in "abc"]
     for t in tasks:
-        state.begin(t, "admit", 10.0)
-    may_run = Reporter(client, lambda: "w-1", state, deadline_s=1.0).processing_all(tasks)
+        ledger.hold(t, Stage.ADMIT)
+    may_run = Reporter(client, lambda: "w-1", ledger, deadline_s=1.0).processing_all(tasks)
     assert [t.id for t in may_run] == ["a", "c"]
     assert client.reports == [("a", "processing"), ("b", "processing"), ("c", "processing")]
     assert client.calls == ([3] if batches else [1, 1, 1])
-    assert [h.task.id for h in state.held()] == ["a", "c"]  # b's renewal ended: it never runs
+    assert [h.task.id for h in ledger.held()] == ["a", "c"]  # b's renewal ended: it never runs
+    assert ledger.fate(tasks[1]) is Fate.DONE and ledger.counters.as_wire()["leases_lost"] == 1
 
 
 def test_processing_reports_that_cannot_be_delivered_together_are_not_sent_again_one_by_one():
@@ -180,48 +195,57 @@ def test_processing_reports_that_cannot_be_delivered_together_are_not_sent_again
             self.calls.append(len(reports))
             raise Unavailable("POST /v1/reports: ConnectError")  # after its retries, within the deadline
 
-    client, state = DownClient(), WorkerState()
+    client, ledger = DownClient(), Ledger()
     tasks = [task(t) for t in "ab"]
     for t in tasks:
-        state.begin(t, "admit", 10.0)
-    assert Reporter(client, lambda: "w-1", state, deadline_s=1.0).processing_all(tasks) == []
-    assert client.calls == [2] and client.reports == [] and state.held() == []
+        ledger.hold(t, Stage.ADMIT)
+    assert Reporter(client, lambda: "w-1", ledger, deadline_s=1.0).processing_all(tasks) == []
+    assert client.calls == [2] and client.reports == [] and ledger.held() == []
 
 
 def test_a_cancelled_task_is_reported_cancelled_and_its_stored_result_removed():
-    client, state, removed = RecordingClient(), WorkerState(), []
-    reporter = Reporter(client, lambda: "w-1", state, deadline_s=1.0, discard=lambda t, r: removed.append(r.uri))
+    client, ledger, removed = RecordingClient(), Ledger(), []
+    reporter = Reporter(client, lambda: "w-1", ledger, deadline_s=1.0, discard=lambda t, r: removed.append(r.uri))
     stored, waiting = task("a"), task("b")
     for t in (stored, waiting):
-        state.begin(t, "generate", 60)
-    state.mark_cancelled(["a", "b", "unknown"])
-    assert state.is_cancelled(stored) and state.is_lost(stored) and not state.is_cancelled(task("a"))
+        ledger.hold(t, Stage.GENERATE)
+    assert ledger.mark_cancelled(["a", "b", "unknown"]) == ["a", "b"]
+    assert ledger.cancelled(stored) and not ledger.dropped(stored)  # dropped, but reported `cancelled`
+    assert not ledger.cancelled(task("a")) and ledger.dropped(task("a"))  # another attempt of a
     result = TaskResult(uri="file:///a.png", content_type="image/png", width=1, height=1, seed=1, bytes=1, sha256="0")
-    reporter.deliver_all([(stored, result)])
+    reporter.finals([(stored, result)])
     reporter.cancelled(waiting, "before it started")
     assert removed == ["file:///a.png"]  # the image stored before the worker learned it
     assert client.reports == [("a", "failed"), ("b", "failed")]
-    assert state.held() == []
+    assert ledger.held() == []
 
 
 def test_a_success_refused_because_the_task_was_cancelled_removes_the_object():
-    state, removed = WorkerState(), []
+    ledger, removed = Ledger(), []
     client = RecordingClient()
     client.report_many = lambda reports, deadline_s: [ReportOutcome(
         task_id=r.task_id, status_code=409, detail=f"task {r.task_id} was cancelled by a client; its succeeded "
         "report is refused") if r.task_id == "a" else ReportOutcome(task_id=r.task_id, status_code=409,
                                                                      detail="not held by this token")
         for r in reports]
-    reporter = Reporter(client, lambda: "w-1", state, deadline_s=1.0, discard=lambda t, r: removed.append(t.id))
+    reporter = backlog_of(client, ledger, discard=lambda t, r: removed.append(t.id))
     pool = ThreadPoolExecutor(1)
     futures = []
     for t in ("a", "b"):  # b: a stale lease; its object belongs to the newer attempt and stays
         futures.append(pool.submit(lambda t=t: TaskResult(uri=f"file:///{t}.png", content_type="image/png",
                                                           width=1, height=1, seed=1, bytes=1, sha256="0")))
-        reporter.track(task(t), futures[-1])
+        reporter.add(task(t), futures[-1])
     for f in futures:  # both finished: reported together
         f.result(5)
-    reporter.settle(0, keepalive=lambda: None, every_s=0.05)
+    reporter.report_down_to(0, keepalive=lambda: None, every_s=0.05)
     assert removed == ["a"]
-    counters = state.snapshot().counters
+    counters = ledger.counters.as_wire()
     assert counters["tasks_cancelled"] == 1 and counters["leases_lost"] == 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -1,0 +1,79 @@
+"""Rank 0's parts, built from the config and wired together: one ledger and one worker state that
+every part shares, the checks, the stores, the post stage, the intake, the reporter, the watchdog,
+the operator endpoint. Whatever cannot work is refused here, before the worker registers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from safety.guard import Guard
+from worker.config import WorkerConfig
+from worker.model.parallel import context_parallel
+from worker.ranks.distributed import DistContext
+from worker.serving import sizing
+from worker.serving.admission import Admission
+from worker.serving.backlog import Backlog
+from worker.serving.coordinator import Coordinator
+from worker.serving.intake import Intake
+from worker.serving.leasing import Leaser
+from worker.serving.ledger import Ledger, stage_limits
+from worker.serving.metrics import Metrics
+from worker.serving.ops import Health, OpsServer
+from worker.serving.post import PostStage
+from worker.serving.queue_client import QueueClient
+from worker.serving.registration import Registration
+from worker.serving.reporter import Reporter
+from worker.serving.state import WorkerState
+from worker.serving.validation import advertised
+from worker.serving.watchdog import Watchdog
+from worker.storage import Store, build_store
+
+log = logging.getLogger(__name__)
+
+
+def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
+    """Everything rank 0 needs, checked before the worker registers: sizes that fit the group, a
+    store it can write to, a quarantine apart from it, safety checks that load and pass their
+    self-test. Raises ConfigError naming the field when the config cannot work on this group."""
+    sizes = sizing.size(cfg, ctx.world_size)
+    store, quarantine = _stores(cfg)  # before loading a model we could not deliver from
+    guard = Guard.load(cfg.safety)  # before registering: a worker that cannot check is never ready
+    state = WorkerState(warnings=guard.warnings, safety_policy=guard.policy_version)
+    ledger = Ledger(stage_limits(cfg.deadlines))
+    gcs = cfg.storage.gcs
+    post = PostStage(guard, store, quarantine, state, ledger, cfg.encode, cfg.model.name,
+                     include_prompt=bool(gcs and gcs.include_prompt), workers=sizes.post_workers)
+    log.info("round %d image(s) (%d slot(s) x batch %d); lease ahead %d; post pool %d thread(s), "
+             "at most %d unreported", sizes.round, sizes.slots, sizes.per_slot, sizes.lease_ahead,
+             sizes.post_workers, sizes.max_pending)
+    client = QueueClient(cfg.queue, os.environ.get(cfg.queue.token_env) or None)
+    metrics = Metrics(state, ledger, ctx.device)
+    stop = threading.Event()
+    registration = Registration(client, state, ledger, cfg.queue.heartbeat_interval_s, ctx.world_size,
+                                cfg.model.name, ctx.node_id, advertised(cfg.limits))
+    reporter = Reporter(client, lambda: registration.worker_id, ledger, cfg.queue.report_deadline_s, metrics,
+                        discard=post.discard)
+    admission = Admission(cfg.limits, guard, reporter, ledger,
+                          context_ranks=ctx.world_size if context_parallel(cfg.parallel, ctx.world_size) else 0,
+                          text_tokens=cfg.model.max_sequence_length)
+    intake = Intake(Leaser(client, registration, state, cfg.queue, stop), admission, target=sizes.lease_ahead)
+    ops = None
+    if cfg.ops.enabled:  # started now, so that liveness is answered while the model loads
+        health = Health(state, cfg.deadlines.stall_s, cfg.distributed.load_timeout_s, stop.is_set)
+        ops = OpsServer(cfg.ops, metrics, health)
+        registration.ops_url = ops.start()
+    return Coordinator(cfg, ctx, sizes, guard, state, ledger, metrics, post, registration, reporter,
+                       Backlog(reporter, ledger), intake, Watchdog(state, ledger, reporter, cfg.deadlines.stall_s),
+                       stop, ops)
+
+
+def _stores(cfg: WorkerConfig) -> tuple[Store, Store | None]:
+    """The results store and the quarantine (None: not kept), each checked writable."""
+    store = build_store(cfg.storage)
+    store.check_writable()
+    quarantine = build_store(cfg.storage.quarantine) if cfg.storage.quarantine else None
+    if quarantine:
+        quarantine.check_writable()
+    return store, quarantine

@@ -1,0 +1,33 @@
+"""One round on every rank of the group, as rank 0 drives it: the round's tasks enter the generate
+stage, the round is broadcast, every rank generates its batch in lockstep, the images come back."""
+
+from __future__ import annotations
+
+import time
+
+from worker.model.engine import Engine, peak_memory_mb
+from worker.ranks import lockstep
+from worker.ranks.distributed import DistContext, broadcast
+from worker.serving.ledger import Counter, Ledger, Stage
+from worker.serving.metrics import Metrics
+from worker.serving.task import Task
+
+
+def generate_round(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, ledger: Ledger,
+                   metrics: Metrics) -> list[lockstep.Outcome]:
+    """Each task's outcome, in the order of the batches."""
+    jobs = tuple(tuple(t.job for t in batch) for batch in batches)
+    round_ = [task for batch in batches for task in batch]
+    metrics.round_generated(len(batch) for batch in batches)
+    for task in round_:
+        ledger.advance(task, Stage.GENERATE)
+    t0 = time.perf_counter()
+    broadcast(lockstep.Generate(jobs), ctx)
+    sent_ms = (time.perf_counter() - t0) * 1e3
+    for task in round_:
+        task.timings.record(broadcast=sent_ms)
+    outs = lockstep.generate(engine, jobs, ctx, mode)
+    # Every rank's images for tasks: rank 0's engine counts only its own, warm-up included.
+    ledger.counters.add(Counter.IMAGES_GENERATED, sum(not out.errors for out in outs))
+    ledger.counters.set(Counter.PEAK_MEMORY_MB, peak_memory_mb(ctx.device))
+    return outs
