@@ -41,6 +41,8 @@ def test_the_contracts_hold():
      "The product never imports its tools, launch helpers or tests BROKEN"),
     ("worker/storage/base.py", "import worker.storage.gcs\n",
      "No import cycles between the modules of a package BROKEN"),
+    ("worker/serving/ledger.py", "import worker.serving.post\n",
+     "Rank 0 in the order of a task's life"),
 ])
 def test_a_forbidden_import_is_refused(tmp_path, module, source, broken):
     for name in PACKAGES:
