@@ -12,8 +12,8 @@ from importlib.metadata import entry_points
 
 import uvicorn
 
-from scheduler.app import Settings, create_app
-from scheduler.config import ApiConfig, ConfigError, Secrets, add_flags, flag_values, load_config, read_secrets
+from scheduler.app import create_app
+from scheduler.config import ConfigError, add_flags, flag_values, load_config, read_secrets
 from telemetry import logs
 from scheduler.store import open_store
 
@@ -32,13 +32,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def app_settings(api: ApiConfig, secrets: Secrets) -> Settings:
-    """The api section is app.Settings field for field, bar the three secrets it names the env vars of."""
-    return Settings(**{name: value for name, value in api if not name.endswith("_env")},
-                    worker_tokens=secrets.worker_tokens, client_tokens=secrets.client_tokens,
-                    webhook_secret=secrets.webhook_secret)
-
-
 PLUGINS = "dit_scheduler.commands"
 
 
@@ -55,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scheduler: {e}", file=sys.stderr)  # one line naming the field; no traceback
         return EXIT_CONFIG
     logs.configure(cfg.logging.level, cfg.logging.format)
-    settings = app_settings(cfg.api, read_secrets(cfg.api, os.environ))
+    secrets = read_secrets(cfg.api, os.environ)
     db, server = cfg.database, cfg.server
     store = open_store(db.url, pool_size=db.pool_size, **dict(cfg.store))
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              server.host, server.port, db.url, cfg.store.lease_ttl_s, cfg.store.max_attempts,
-             "on" if settings.worker_tokens else "off (loopback)")
-    app = create_app(store, settings)
+             "on" if secrets.worker_tokens else "off (loopback)")
+    app = create_app(store, cfg.api, secrets)
     # What start-up made lives as long as the process. A full collection walked it all, twice or
     # more a second under 500 workers: 75-100 ms pauses of every request. Frozen, the collector
     # leaves it alone (pauses of 4-20 ms over the ~15,000 objects requests make).

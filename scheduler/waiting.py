@@ -1,7 +1,8 @@
-"""Clients waiting for tasks to end (`Prefer: wait=N` on submit, `GET /v1/tasks/{id}?wait_s=N`),
-without a database connection or a thread per waiter: each waits on a future of the event loop.
+"""Long polls, without a database connection or a thread per waiter: each waits on a future of the
+event loop. Clients wait for tasks to end (TaskWatch: `Prefer: wait=N` on submit,
+`GET /v1/tasks/{id}?wait_s=N`); workers' lease requests wait for work (Waiters).
 
-A task that ends in this process (a report, a cancel) wakes its waiters at once. One that ends in
+A task that ends in this process (a report, a cancel) wakes its clients at once. One that ends in
 another scheduler process, or by a lease sweep, is found by a single query every `poll_s` for all the
 ids waited on here, so a thousand waiting clients cost one read a second, not a thousand.
 """
@@ -11,11 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
+from protocol import FINAL_STATUSES, TaskView
 from scheduler.store import Store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class TaskWatch:
@@ -44,6 +50,13 @@ class TaskWatch:
             if not waiters:
                 self._waiting.pop(task_id, None)
 
+    async def until_ended(self, task: TaskView, wait_s: float) -> TaskView:
+        """The task once it has ended, or as it stands after `wait_s`. No connection is held meanwhile."""
+        if wait_s <= 0 or task.status in FINAL_STATUSES:
+            return task
+        await self.wait(task.id, wait_s)
+        return await self._store.acall(self._store.tasks.get, task.id)
+
     def ended(self, task_ids: Iterable[str]) -> None:
         """These tasks reached a final state: their waiters return."""
         for task_id in task_ids:
@@ -67,3 +80,49 @@ class TaskWatch:
                 self.ended(await self._store.acall(self._store.tasks.ended_among, ids))
             except Exception:  # the database away: waiters time out or the next poll finds them
                 log.exception("polling %d waited task(s) failed", len(ids))
+
+
+class Waiters:
+    """Long-polling lease requests, in arrival order. Work that appears wakes at most as many of
+    them as it can serve (no thundering herd); each also looks again every `poll_s`, in case a
+    wake-up from another scheduler process was missed."""
+
+    def __init__(self, poll_s: float) -> None:
+        self._queue: deque[asyncio.Future] = deque()
+        self._poll_s = poll_s
+
+    async def poll(self, claim: Callable[[], Awaitable[list[T]]], wait_s: float) -> list[T]:
+        """What `claim` finds: at once, or after a wake-up or a look within `wait_s`; empty if nothing."""
+        end = time.monotonic() + wait_s
+        while True:
+            woken = self.enlist()  # before the claim, so work added meanwhile is not missed
+            got: list[T] = []
+            try:
+                got = await claim()
+                left = end - time.monotonic()
+                if got or left <= 0:
+                    return got
+                await asyncio.wait({woken}, timeout=min(left, self._poll_s))
+            finally:
+                self.leave(woken, served=bool(got))
+
+    def enlist(self) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append(fut)
+        return fut
+
+    def leave(self, fut: asyncio.Future, served: bool) -> None:
+        """Done waiting. A wake-up that came while this request found work anyway goes to the next."""
+        try:
+            self._queue.remove(fut)
+        except ValueError:
+            pass
+        if served and fut.done():
+            self.notify(1)
+
+    def notify(self, n: int) -> None:
+        while n > 0 and self._queue:
+            fut = self._queue.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1

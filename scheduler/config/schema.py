@@ -46,27 +46,39 @@ class StoreConfig(Section):
 
 
 class ApiConfig(Section):
-    """The HTTP API: every field of scheduler.app.Settings by the same name and default, except its
-    three secrets, which come from the environment variables named by the `*_env` fields."""
+    """The HTTP API (scheduler.app.create_app takes this section as it is). Its three secrets are not
+    here: they come from the environment variables the `*_env` fields name (Secrets)."""
 
     worker_tokens_env: str = Field("DIT_WORKER_TOKENS", min_length=1, description="comma-separated tokens")
     client_tokens_env: str = Field("DIT_CLIENT_TOKENS", min_length=1, description="comma-separated tokens")
     webhook_secret_env: str = Field("DIT_WEBHOOK_SECRET", min_length=1, description="HMAC-SHA256 key")
     max_queued: int = Field(100_000, ge=0, description="429 to clients beyond this backlog")
+    # A task's input is a prompt and a few numbers.
     max_body_bytes: int = Field(1 << 20, ge=1, description="413 beyond")
-    sweep_interval_s: float = Field(1.0, gt=0)
+    sweep_interval_s: float = Field(1.0, gt=0, description="expired leases and silent workers are looked for "
+                                    "this often")
+    # Per client (bearer token, or address when auth is off).
     rate_limit: float = Field(0.0, ge=0, description="tasks per second per client; 0: no limit")
     rate_burst: float = Field(0.0, ge=0, description="0: ten seconds' worth of rate_limit")
-    ready_deadline_s: float = Field(2.0, gt=0)
-    status_cache_s: float = Field(2.0, ge=0)
-    max_wait_s: float = Field(60.0, ge=0)
-    wait_poll_s: float = Field(1.0, gt=0)
+    ready_deadline_s: float = Field(2.0, gt=0, description="/readyz: the database's answer within this")
+    status_cache_s: float = Field(2.0, ge=0, description="one status page gather serves every viewer this long")
+    max_wait_s: float = Field(60.0, ge=0, description="the longest `Prefer: wait=N` or `?wait_s=N` a client "
+                              "may ask for")
+    wait_poll_s: float = Field(1.0, gt=0, description="how often waits look for tasks ended by another process")
+    # Hosts a task's webhook may name (host, host:port, *.domain); none: webhooks are refused.
     webhook_allow: tuple[str, ...] = ()
-    webhook_max_age_s: float = Field(3600.0, gt=0)
+    webhook_max_age_s: float = Field(3600.0, gt=0, description="retries of one webhook event stop this long "
+                                     "after the first")
+    # Delete an expired task's local result file (only under results_roots).
     remove_expired_results: bool = False
-    # Resolved against the working directory, as the app compares resolved paths.
+    # Folders whose result files the status page may show as thumbnails. Resolved against the
+    # working directory, as the app compares resolved paths.
     results_roots: tuple[Path, ...] = ()
+    # Accept inputs no live worker's advertised limits allow (workers that start later, mixed models):
+    # they then fail at their worker with invalid_request instead of a 422 at submission.
     admit_unservable: bool = False
+    # A waiting lease request looks again this often without a wake-up: the fallback for a missed
+    # NOTIFY. Wake-ups (local, or NOTIFY from other processes) make new work visible at once.
     poll_s: float = Field(5.0, gt=0)
 
     @field_validator("results_roots", mode="before")

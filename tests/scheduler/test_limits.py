@@ -8,7 +8,8 @@ import math
 from fastapi.testclient import TestClient
 
 from protocol import RegisterWorker, Report, TaskResult
-from scheduler.app import Settings, create_app
+from scheduler.app import create_app
+from scheduler.config import ApiConfig
 from scheduler.limits import IDLE_FLEET_RETRY_S, RateLimit, client_key, retry_after_s
 from tests.harness import Clock
 
@@ -39,7 +40,7 @@ def test_retry_after_follows_the_recent_pace():
 
 
 def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
-    with TestClient(create_app(make_store(), Settings(rate_limit=1, rate_burst=3))) as http:
+    with TestClient(create_app(make_store(), ApiConfig(rate_limit=1, rate_burst=3))) as http:
         codes = [http.post("/v1/tasks", json={"input": {"prompt": "x"}}).status_code for _ in range(3)]
         refused = http.post("/v1/tasks", json={"input": {"prompt": "x"}})
         assert codes == [201] * 3 and refused.status_code == 429 and refused.headers["retry-after"] == "1"
@@ -53,7 +54,7 @@ def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
 def test_a_full_queue_is_429_with_a_retry_after_from_the_recent_pace(make_store, clock):
     store = make_store()
     wid, _ = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
-    with TestClient(create_app(store, Settings(max_queued=3))) as http:
+    with TestClient(create_app(store, ApiConfig(max_queued=3))) as http:
         for _ in range(6):  # six tasks end within the minute: a pace of 6 a minute
             http.post("/v1/tasks", json={"input": {"prompt": "done"}})
             (lease,) = store.claims.claim(wid, 1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler.app import Settings, create_app
+from scheduler.app import create_app
+from scheduler.config import ApiConfig
 from tests.harness import REG, drain, register
 
 
@@ -99,7 +100,7 @@ def test_prometheus_discovers_workers_that_registered_an_ops_url(server):
 
 def test_a_drained_worker_is_counted_drained_never_lost_and_is_no_longer_a_target(make_store, clock):
     store = make_store(liveness_s=5.0)
-    with TestClient(create_app(store, Settings(sweep_interval_s=3600))) as http:
+    with TestClient(create_app(store, ApiConfig(sweep_interval_s=3600))) as http:
         left, _ = (http.post("/v1/workers", json={**REG, "ops_url": f"http://{h}:9400"}).json()["worker_id"]
                          for h in ("left", "crashed"))
         assert http.post(f"/v1/workers/{left}/heartbeat", json={"status": "drained", "timestamp": 0}).status_code == 200

@@ -6,12 +6,13 @@ import asyncio
 
 from fastapi.testclient import TestClient
 
-from scheduler.app import Settings, create_app
+from scheduler.app import create_app
+from scheduler.config import ApiConfig
 
 
 def test_not_ready_while_the_database_is_unreachable_or_too_slow(make_store):
     store = make_store()
-    with TestClient(create_app(store, Settings(ready_deadline_s=0.2))) as http:
+    with TestClient(create_app(store, ApiConfig(ready_deadline_s=0.2))) as http:
         assert http.get("/readyz").status_code == 200
 
         def unreachable():

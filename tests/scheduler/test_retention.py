@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from protocol import SubmitTask
-from scheduler.app import Settings, _remove_results
+from scheduler.api.background import remove_results
+from scheduler.config import ApiConfig
 from scheduler.store import NotFound
 import pytest
 
@@ -39,8 +40,8 @@ def test_expired_results_are_deleted_only_when_asked_and_only_under_the_roots(tm
     for p in (inside, outside):
         p.write_bytes(b"x")
     uris = [inside.as_uri(), outside.as_uri(), "gs://bucket/c.png"]
-    _remove_results(uris, Settings(results_roots=(root.resolve(),)))
+    remove_results(uris, ApiConfig(results_roots=(root.resolve(),)))
     assert inside.exists() and outside.exists()  # not asked
-    _remove_results(uris, Settings(results_roots=(root.resolve(),), remove_expired_results=True))
+    remove_results(uris, ApiConfig(results_roots=(root.resolve(),), remove_expired_results=True))
     assert not inside.exists() and outside.exists()
     assert Path(outside).read_bytes() == b"x"

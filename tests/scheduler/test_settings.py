@@ -1,18 +1,18 @@
 """The scheduler's settings tree: its defaults are the flags' old defaults, the shipped file equals
 them, a file, --set and the flags stack in that order, and every flag the scheduler has always had
-sets its field. The api section is app.Settings field for field."""
+sets its field. The app takes the api section as it is, and the secrets it names."""
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from launch.local import REPO
-from scheduler.__main__ import app_settings, parse_args
-from scheduler.app import Settings
+from scheduler.__main__ import parse_args
+from scheduler.app import create_app
 from scheduler.config import FLAGS, ApiConfig, Secrets, SchedulerConfig, flag_values, load_config, read_secrets
 from scheduler.config.flags import field_of
 from scheduler.store import open_store
@@ -36,17 +36,16 @@ def test_defaults_are_the_old_flag_defaults():
     assert (cfg.api.worker_tokens_env, cfg.api.client_tokens_env, cfg.api.webhook_secret_env) == (
         "DIT_WORKER_TOKENS", "DIT_CLIENT_TOKENS", "DIT_WEBHOOK_SECRET")
     assert (cfg.logging.level, cfg.logging.format) == ("INFO", "auto")
-    assert app_settings(cfg.api, Secrets()) == Settings()
+    assert cfg.api == ApiConfig()
 
 
-def test_the_api_section_is_app_settings_field_for_field():
-    # So the section can replace app.Settings: the same names and defaults, bar the secrets.
-    api = ApiConfig()
-    for f in dataclasses.fields(Settings):
-        if f.name not in SECRETS:
-            assert getattr(api, f.name) == f.default, f.name
-    assert {n for n in ApiConfig.model_fields if not n.endswith("_env")} == {
-        f.name for f in dataclasses.fields(Settings)} - SECRETS
+def test_the_app_takes_the_api_section_and_the_secrets_as_they_are():
+    # One definition of each setting: no second copy of the fields for the app to drift from.
+    params = inspect.signature(create_app).parameters
+    assert [(p.name, p.annotation, p.default) for p in list(params.values())[1:]] == [
+        ("api", "ApiConfig", ApiConfig()), ("secrets", "Secrets", Secrets())]
+    assert {f for f in vars(Secrets()) if not f.startswith("_")} == SECRETS
+    assert not SECRETS & set(ApiConfig.model_fields)
 
 
 def test_the_store_section_is_open_stores_keywords(tmp_path):
@@ -81,8 +80,6 @@ def test_secrets_come_from_the_variables_the_api_section_names():
     secrets = read_secrets(cfg.api, {"W": "a, b", "DIT_CLIENT_TOKENS": "c", "DIT_WEBHOOK_SECRET": "k"})
     assert (secrets.worker_tokens, secrets.client_tokens, secrets.webhook_secret) == ({"a", "b"}, {"c"}, b"k")
     assert "a" not in repr(secrets)
-    settings = app_settings(cfg.api, secrets)
-    assert settings.worker_tokens == {"a", "b"} and settings.webhook_secret == b"k"
 
 
 FLAG_FIELDS = [

@@ -7,7 +7,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from protocol import SubmitTask
-from scheduler.app import Settings, create_app
+from scheduler.app import create_app
+from scheduler.config import ApiConfig
 from scheduler.status_page import build_chart
 from tests.harness import REG
 
@@ -41,7 +42,7 @@ def test_the_chart_stacks_outcomes_per_minute_and_weights_the_mean_latency():
 def test_the_page_lists_workers_results_and_failures_escaped(make_store, tmp_path):
     Image.new("RGB", (256, 256), (30, 120, 200)).save(tmp_path / "ok.png")
     store = make_store()
-    with TestClient(create_app(store, Settings(results_roots=(tmp_path.resolve(),)))) as http:
+    with TestClient(create_app(store, ApiConfig(results_roots=(tmp_path.resolve(),)))) as http:
         wid = http.post("/v1/workers", json={**REG, "devices": [{"name": "H100", "memory_bytes": 1}] * 2}).json()["worker_id"]
         ok = finish(http, wid, "succeeded", result={**RESULT, "uri": f"file://{tmp_path}/ok.png"})
         signed = finish(http, wid, "succeeded", result={**RESULT, "uri": "gs://b/x.png",
@@ -68,11 +69,11 @@ def test_one_gather_serves_every_viewer_for_a_moment(make_store):
     calls = []
     history = store.tasks.history
     store.tasks.history = lambda *a: calls.append(a) or history(*a)
-    with TestClient(create_app(store, Settings(status_cache_s=60))) as http:
+    with TestClient(create_app(store, ApiConfig(status_cache_s=60))) as http:
         for _ in range(5):
             assert http.get("/status").status_code == 200
     assert len(calls) == 1
-    with TestClient(create_app(store, Settings(status_cache_s=0))) as http:
+    with TestClient(create_app(store, ApiConfig(status_cache_s=0))) as http:
         for _ in range(3):
             http.get("/status")
     assert len(calls) == 4
@@ -80,7 +81,7 @@ def test_one_gather_serves_every_viewer_for_a_moment(make_store):
 
 def test_a_drained_worker_is_shown_neutrally_and_a_lost_one_red(make_store, clock):
     store = make_store(liveness_s=5.0)
-    with TestClient(create_app(store, Settings(status_cache_s=0, sweep_interval_s=3600))) as http:
+    with TestClient(create_app(store, ApiConfig(status_cache_s=0, sweep_interval_s=3600))) as http:
         left, crashed = (http.post("/v1/workers", json=REG).json()["worker_id"] for _ in range(2))
         http.post(f"/v1/workers/{left}/heartbeat", json={"status": "drained", "timestamp": 0})
         clock.now += 6
@@ -92,7 +93,7 @@ def test_a_drained_worker_is_shown_neutrally_and_a_lost_one_red(make_store, cloc
 
 
 def test_in_flight_is_shown_against_the_most_the_worker_may_hold(make_store):
-    with TestClient(create_app(make_store(), Settings(status_cache_s=0))) as http:
+    with TestClient(create_app(make_store(), ApiConfig(status_cache_s=0))) as http:
         wid = http.post("/v1/workers", json=REG).json()["worker_id"]
         # Two rounds waiting (lease_ahead 4) and two generating or unreported (max_pending 4): six
         # held is within what it may hold, eight, not "6 / 4".
@@ -106,7 +107,7 @@ def test_in_flight_is_shown_against_the_most_the_worker_may_hold(make_store):
 
 def test_user_text_is_isolated_so_a_stored_override_cannot_flip_the_page(make_store):
     store = make_store()
-    with TestClient(create_app(store, Settings(status_cache_s=0))) as http:
+    with TestClient(create_app(store, ApiConfig(status_cache_s=0))) as http:
         wid = http.post("/v1/workers", json={**REG, "hostname": "node\u202e7"}).json()["worker_id"]
         # Stored before submissions refused bidirectional controls: it bypasses today's validation.
         store.tasks.submit(SubmitTask.model_construct(input={"prompt": "a cat \u202eon a mat"}, priority=0,

@@ -8,7 +8,8 @@ import base64
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from scheduler.app import Settings, create_app
+from scheduler.app import create_app
+from scheduler.config import ApiConfig, Secrets
 from tests.harness import REG
 from tests.scheduler.test_status_page import RESULT, finish
 
@@ -21,7 +22,7 @@ def test_thumbnails_only_for_image_files_under_the_results_roots(make_store, tmp
     (roots / "not-an-image.png").write_text("hello")
     (roots / "link.png").symlink_to(outside)
     store = make_store()
-    with TestClient(create_app(store, Settings(results_roots=(roots.resolve(),)))) as http:
+    with TestClient(create_app(store, ApiConfig(results_roots=(roots.resolve(),)))) as http:
         wid = http.post("/v1/workers", json=REG).json()["worker_id"]
         ids = {name: finish(http, wid, "succeeded", result={**RESULT, "uri": uri}) for name, uri in {
             "outside": f"file://{outside}", "dotdot": f"file://{roots}/../secret.png",
@@ -36,7 +37,7 @@ def test_thumbnails_only_for_image_files_under_the_results_roots(make_store, tmp
 
 def test_with_client_tokens_the_page_asks_for_one(make_store):
     store = make_store()
-    with TestClient(create_app(store, Settings(client_tokens=frozenset({"s3cret"})))) as http:
+    with TestClient(create_app(store, secrets=Secrets(client_tokens=frozenset({"s3cret"})))) as http:
         resp = http.get("/status")
         assert resp.status_code == 401 and resp.headers["www-authenticate"] == 'Basic realm="dit-scheduler"'
         wrong = base64.b64encode(b"ops:guess").decode()

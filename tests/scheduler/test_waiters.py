@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduler.app import Waiters
+from scheduler.waiting import Waiters
 
 
 def test_one_new_task_wakes_one_waiter_in_arrival_order():
     async def scenario():
-        waiters = Waiters()
+        waiters = Waiters(poll_s=5.0)
         futs = [waiters.enlist() for _ in range(5)]
         waiters.notify(1)
         assert [f.done() for f in futs] == [True, False, False, False, False]
@@ -25,7 +25,7 @@ def test_one_new_task_wakes_one_waiter_in_arrival_order():
 
 def test_a_wakeup_that_came_while_the_request_found_work_anyway_goes_to_the_next():
     async def scenario():
-        waiters = Waiters()
+        waiters = Waiters(poll_s=5.0)
         first, second = waiters.enlist(), waiters.enlist()
         waiters.notify(1)  # meant for `first`, which got a task from its own claim
         waiters.leave(first, served=True)

@@ -1,0 +1,64 @@
+"""Workers' reports on their tasks: one per call, or several in one call, each applied on its own."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from protocol import FINAL_STATUSES, Report, ReportBatch, ReportOutcome, ReportOutcomes, TaskView
+from scheduler.api.auth import worker_auth
+from scheduler.api.deps import MetricsDep, ReportsDep, WaitersDep, WatchDep
+from scheduler.api.errors import status_of
+from scheduler.store import Cancelled, Conflict, NotFound
+
+router = APIRouter(tags=["workers"], dependencies=[Depends(worker_auth)])
+
+
+@router.post("/v1/reports", response_model=ReportOutcomes)
+async def report_batch(body: ReportBatch, reports: ReportsDep, metrics: MetricsDep, waiters: WaitersDep,
+                       watch: WatchDep) -> ReportOutcomes:
+    """Several tasks' reports in one call, each applied on its own and atomically: the
+    answer holds, per report, the status code its single call would have had."""
+    items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in body.reports]
+    outcomes = await reports.areport_many(items)
+    results = []
+    for (task_id, rep), out in zip(items, outcomes):
+        metrics.reports.labels(rep.status, _outcome(out)).inc()
+        if isinstance(out, TaskView):
+            results.append(ReportOutcome(task_id=task_id, status_code=200, task=out))
+        else:
+            results.append(ReportOutcome(task_id=task_id, status_code=status_of(out), detail=str(out)))
+    if requeued := sum(r.task is not None and r.task.status == "queued" for r in results):
+        waiters.notify(requeued)
+    watch.ended(task_id for (task_id, _), out in zip(items, outcomes) if _ended(out))
+    return ReportOutcomes(results=results)
+
+
+@router.post("/v1/tasks/{task_id}/report", response_model=TaskView,
+             responses={404: {}, 409: {"description": "stale lease token"}})
+async def report(task_id: str, body: Report, reports: ReportsDep, metrics: MetricsDep, waiters: WaitersDep,
+                 watch: WatchDep) -> TaskView:
+    try:
+        task = await reports.areport(task_id, body)
+    except (NotFound, Conflict) as e:  # counted here, answered by the app's handler (errors.py)
+        metrics.reports.labels(body.status, _outcome(e)).inc()
+        if _ended(e):
+            watch.ended([task_id])
+        raise
+    metrics.reports.labels(body.status, "accepted").inc()
+    if _ended(task):
+        watch.ended([task_id])
+    if task.status == "queued":  # a retryable failure or a release went back to the queue
+        waiters.notify(1)
+    return task
+
+
+def _ended(out: object) -> bool:
+    """A report's outcome that ended its task (accepted final, or refused because cancelled)."""
+    return isinstance(out, Cancelled) or (isinstance(out, TaskView) and out.status in FINAL_STATUSES)
+
+
+def _outcome(out: object) -> str:
+    """The metric's outcome label."""
+    if isinstance(out, Cancelled):
+        return "cancelled"
+    return "not_found" if isinstance(out, NotFound) else "conflict" if isinstance(out, Conflict) else "accepted"

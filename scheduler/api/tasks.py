@@ -1,0 +1,118 @@
+"""Clients' routes: submit (one, or a batch in one transaction), read with an optional wait, cancel,
+list, and the queue's figures."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from protocol import (
+    FINAL_STATUSES,
+    QueueFigures,
+    SubmitBatch,
+    SubmitTask,
+    SubmittedBatch,
+    TaskList,
+    TaskStatus,
+    TaskView,
+)
+from scheduler.api.auth import client_auth
+from scheduler.api.deps import (
+    AdmissionDep,
+    ApiDep,
+    MetricsDep,
+    ReportsDep,
+    StoreCall,
+    TasksDep,
+    WaitersDep,
+    WatchDep,
+)
+from scheduler.store import Conflict
+
+router = APIRouter(tags=["clients"], dependencies=[Depends(client_auth)])
+
+
+@router.post("/v1/tasks", status_code=201, response_model=TaskView,
+             responses={200: {"description": "idempotent replay"}, 409: {}, 429: {}})
+async def submit(body: SubmitTask, request: Request, response: Response, tasks: TasksDep, call: StoreCall,
+                 admission: AdmissionDep, metrics: MetricsDep, waiters: WaitersDep, watch: WatchDep, api: ApiDep,
+                 prefer: str | None = Header(None, description="`wait=N`: answer once the task ends, "
+                                             "or after N seconds (capped) with the task as it stands")) -> TaskView:
+    await admission.check([body], request)
+    try:
+        task, created = await call(tasks.submit, body)
+    except Conflict:
+        metrics.submissions.labels("conflict").inc()
+        raise
+    metrics.submissions.labels("created" if created else "replayed").inc()
+    if created:
+        waiters.notify(1)
+    else:
+        response.status_code = 200
+    if (wait_s := _preferred_wait(prefer, api.max_wait_s)) is not None:
+        response.headers["Preference-Applied"] = f"wait={wait_s:g}"
+        task = await watch.until_ended(task, wait_s)
+    return task
+
+
+@router.post("/v1/tasks/batch", status_code=201, response_model=SubmittedBatch, responses={409: {}, 429: {}})
+async def submit_batch(body: SubmitBatch, request: Request, tasks: TasksDep, call: StoreCall, admission: AdmissionDep,
+                       metrics: MetricsDep, waiters: WaitersDep) -> SubmittedBatch:
+    """Many tasks in one call and one transaction: all are stored, or none."""
+    await admission.check(body.tasks, request)
+    try:
+        out = await call(tasks.submit_many, body.tasks)
+    except Conflict:
+        metrics.submissions.labels("conflict").inc(len(body.tasks))
+        raise
+    created = sum(c for _, c in out)
+    metrics.submissions.labels("created").inc(created)
+    metrics.submissions.labels("replayed").inc(len(out) - created)
+    waiters.notify(created)
+    return SubmittedBatch(tasks=[t for t, _ in out], created=[c for _, c in out])
+
+
+@router.get("/v1/queue", response_model=QueueFigures)
+async def queue_figures(tasks: TasksDep) -> QueueFigures:
+    """Depth per priority, the oldest queued task's age, tasks ended in the last 1, 5 and 15
+    minutes, workers by status: for autoscalers and dashboards."""
+    return await run_in_threadpool(tasks.figures)  # may scan: never on the event loop
+
+
+@router.get("/v1/tasks/{task_id}", response_model=TaskView, responses={404: {}})
+async def get_task(task_id: str, tasks: TasksDep, call: StoreCall, watch: WatchDep, api: ApiDep,
+                   wait_s: float = Query(0, ge=0, le=3600, description=(
+                       "long poll: answer once the task ends, or after this many seconds (capped by the "
+                       "scheduler)"))) -> TaskView:
+    task = await call(tasks.get, task_id)
+    return await watch.until_ended(task, min(wait_s, api.max_wait_s))
+
+
+@router.post("/v1/tasks/{task_id}/cancel", response_model=TaskView,
+             responses={404: {}, 409: {"description": "already ended"}})
+async def cancel(task_id: str, reports: ReportsDep, call: StoreCall, watch: WatchDep) -> TaskView:
+    """A queued task ends `cancelled` at once. A leased or processing one is marked
+    (`cancel_requested_at`): its worker drops it or discards its result, and it ends `cancelled`,
+    never `succeeded`. A task that has ended answers 409 and does not change."""
+    task = await call(reports.cancel, task_id)
+    if task.status in FINAL_STATUSES:
+        watch.ended([task_id])
+    return task
+
+
+@router.get("/v1/tasks", response_model=TaskList)
+async def list_tasks(tasks: TasksDep, status: TaskStatus | None = None, limit: int = Query(100, ge=1, le=1000),
+                     offset: int = Query(0, ge=0, le=1_000_000_000)) -> TaskList:
+    return TaskList(tasks=await run_in_threadpool(tasks.list, status, limit, offset))
+
+
+_WAIT = re.compile(r'(?:^|[,;\s])wait\s*=\s*"?(\d+(?:\.\d+)?)"?', re.IGNORECASE)
+
+
+def _preferred_wait(prefer: str | None, cap_s: float) -> float | None:
+    """`Prefer: wait=N` (RFC 7240), capped; None when the header asks for no wait."""
+    if not prefer or not (m := _WAIT.search(prefer)):
+        return None
+    return min(float(m.group(1)), cap_s)
