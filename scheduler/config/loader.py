@@ -7,19 +7,16 @@ file when there is none.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
 
+import tomlconf
 from scheduler.config.schema import SchedulerConfig
+from tomlconf import ConfigError
 
 COMMAND_LINE = "(command line)"
-
-
-class ConfigError(Exception):
-    """Settings that cannot be used; the message names the file and each field to fix."""
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (),
@@ -30,78 +27,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (),
     tokens and the webhook key the checks need. A field set by both a flag and --set is refused
     rather than one silently winning."""
     source = str(path) if path is not None else COMMAND_LINE
-    raw = _read(Path(path), seen=()) if path is not None else {}
+    raw = tomlconf.read(Path(path)) if path is not None else {}
     origins: dict[str, str] = {}
     try:
         for item in overrides:
-            origins[_apply_override(raw, item)] = "--set"
+            origins[tomlconf.override(raw, item)] = "--set"
         for key, (flag, value) in flags.items():
             if key in origins:
                 raise ConfigError(f"{key}: set by both {flag} and --set; keep one")
-            _put(raw, key, value)
+            tomlconf.put(raw, key, value)
             origins[key] = flag
         context = {"environ": os.environ if environ is None else environ}
-        return SchedulerConfig.model_validate(_tuples(raw), context=context)
+        return SchedulerConfig.model_validate(tomlconf.tuples(raw), context=context)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     except ValidationError as e:
         raise ConfigError(f"{source}: {describe_errors(e, origins)}") from None
-
-
-def _read(path: Path, seen: tuple[Path, ...]) -> dict:
-    try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    base = raw.pop("extends", None)
-    if base is None:
-        return raw
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: extends: expected a file name")
-    base_path = (path.parent / base).resolve()
-    if base_path in seen:
-        raise ConfigError(f"{path}: extends: {base} extends itself")
-    return _merge(_read(base_path, (*seen, path.resolve())), raw)
-
-
-def _merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def _apply_override(raw: dict, item: str) -> str:
-    key, sep, text = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"--set {item!r}: expected section.key=value")
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text  # a bare word, e.g. database.url=postgresql://dit@db/dit
-    return _put(raw, key.strip(), value)
-
-
-def _put(raw: dict, key: str, value: object) -> str:
-    *parents, leaf = key.split(".")
-    node = raw
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{key}: {part} is not a section")
-    node[leaf] = value
-    return key
-
-
-def _tuples(value):
-    # TOML and repeated flags give lists; strict mode wants tuples for the tuple fields.
-    if isinstance(value, dict):
-        return {k: _tuples(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
 
 
 def describe_errors(e: ValidationError, origins: Mapping[str, str] = {}) -> str:
