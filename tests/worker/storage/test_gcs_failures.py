@@ -61,8 +61,10 @@ def test_storage_back_within_the_deadline_succeeds(gcs):
                                timeout_s=1.0))
     gcs.stop()
 
-    threading.Timer(1.0, gcs.start).start()  # back within the store's deadline
+    back = threading.Timer(1.0, gcs.start)  # back within the store's deadline
+    back.start()
     obj = store.put(art())
+    back.join()  # the put may succeed before start() returns: the teardown must see the new process
     assert gcs.bucket("results").get_blob("results/1970/01/01/t1.png").download_as_bytes() == b"png bytes"
     assert obj.uri == "gs://results/results/1970/01/01/t1.png"
 
