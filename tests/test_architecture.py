@@ -43,6 +43,8 @@ def test_the_contracts_hold():
      "No import cycles between the modules of a package BROKEN"),
     ("worker/serving/ledger.py", "import worker.serving.post\n",
      "Rank 0 in the order of a task's life"),
+    ("scheduler/store/tasks.py", "import scheduler.api.errors\n",
+     "Scheduler layers"),
 ])
 def test_a_forbidden_import_is_refused(tmp_path, module, source, broken):
     for name in PACKAGES:
