@@ -24,7 +24,6 @@ import argparse
 import atexit
 import collections
 import json
-import os
 import runpy
 import shutil
 import sys
