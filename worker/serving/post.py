@@ -1,9 +1,12 @@
-"""After generation, on rank 0, off the GPU's critical path: quality check -> image check -> encode
--> store. Runs in a bounded pool while the next round generates; each task ends with a PostResult:
-a result, an error, or nothing (the ledger says it is dropped), reported in lease order (backlog).
+"""After generation, on rank 0, off the GPU's critical path: quality check -> image check -> store,
+with the encoder working on the same pixels while the checks run (neither waits for the other: on
+an idle worker the two are the latency rank 0 adds). Runs in a bounded pool while the next round
+generates; each task ends with a PostResult: a result, an error, or nothing (the ledger says it is
+dropped), reported in lease order (backlog).
 
 Nothing is stored unless both checks passed (or were switched off by config), and nothing ends as a
-result without a stored, verified object.
+result without a stored, verified object. An image the checks refuse is encoded for nothing, or for
+quarantine.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class PostStage:
 
     def __post_init__(self) -> None:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="post")
+        # Its own threads: an encode queued behind the post pool's checks would not overlap them.
+        self._encoder = ThreadPoolExecutor(self.workers, thread_name_prefix="encode")
 
     def submit(self, task: Task, out: Outcome) -> Future:
         """A Future of the task's PostResult."""
@@ -53,27 +58,35 @@ class PostStage:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._encoder.shutdown(wait=False, cancel_futures=True)
 
     def run(self, task: Task, out: Outcome) -> PostResult:
         self.ledger.advance(task, Stage.CHECK)
+        encoded = self._encoder.submit(self._encode, task, out.picture.pixels)
         with task.timings.stage("image_check"):
-            refusal = self._check(task.job, out)
+            refusal = self._check(task.job, out, encoded)
+        if refusal is None and self.ledger.cancelled(task):  # never stored
+            refusal = failure(ErrorCode.CANCELLED, "cancelled by a client; the image was discarded before "
+                              "storing", retryable=False)
         if refusal is not None:
+            encoded.cancel()  # when it has not started yet
             return self._done(task, refusal)
-        if self.ledger.cancelled(task):  # never stored
-            return self._done(task, failure(ErrorCode.CANCELLED, "cancelled by a client; the image was "
-                                            "discarded before storing", retryable=False))
         if self.ledger.dropped(task):  # a newer attempt owns the task and its object, or it ran out of time
+            encoded.cancel()
             log.warning("task %s: lease lost or deadline passed; result discarded", task.id,
                         extra=task.fields(stage="check"))
             return None
-        return self._done(task, self._stored(task, out))
+        return self._done(task, self._stored(task, out, encoded))
+
+    def _encode(self, task: Task, pixels: np.ndarray) -> tuple[bytes, str]:
+        with task.timings.stage("encode"):
+            return encode_image(pixels, task.job.output_format, self.encode)
 
     def _done(self, task: Task, result: PostResult) -> PostResult:
         self.ledger.advance(task, Stage.REPORT)  # reported in lease order
         return result
 
-    def _check(self, job: Job, out: Outcome) -> ErrorEnvelope | None:
+    def _check(self, job: Job, out: Outcome, encoded: Future) -> ErrorEnvelope | None:
         """Quality, then content. None when the image may be stored."""
         pixels = out.picture.pixels
         quality = self.guard.inspect(pixels, out.picture.nonfinite)
@@ -87,27 +100,26 @@ class PostStage:
         if verdict is None or not verdict.refused:
             return None
         self.ledger.counters.add(Counter.IMAGES_REFUSED)
-        self._keep_for_review(job, pixels)
+        self._keep_for_review(job, encoded)
         return failure(ErrorCode.UNSAFE_IMAGE, f"image refused: {verdict.describe()}", retryable=False,
                        details=verdict.details())
 
-    def _keep_for_review(self, job: Job, pixels: np.ndarray) -> None:
+    def _keep_for_review(self, job: Job, encoded: Future) -> None:
         """Puts a flagged image in quarantine, never in the results location. Best effort: the task
         fails as unsafe_image either way."""
         if self.quarantine is None:
             return
         try:
-            data, content_type = encode_image(pixels, job.output_format, self.encode)
+            data, content_type = encoded.result()
             obj = self.quarantine.put(Artifact(job.task_id, data, content_type, time.time(), self._metadata(job)))
             log.warning("task %s: flagged image quarantined at %s", job.task_id, obj.uri)
         except Exception:
             log.exception("task %s: could not quarantine the flagged image", job.task_id)
 
-    def _stored(self, task: Task, out: Outcome) -> PostResult:
+    def _stored(self, task: Task, out: Outcome, encoded: Future) -> PostResult:
         job = task.job
         self.ledger.advance(task, Stage.ENCODE)
-        with task.timings.stage("encode"):
-            data, content_type = encode_image(out.picture.pixels, job.output_format, self.encode)
+        data, content_type = encoded.result()  # usually done by now: it ran beside the checks
         self.ledger.advance(task, Stage.STORE)
         try:
             with task.timings.stage("store"):
