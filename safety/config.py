@@ -95,7 +95,12 @@ class TextCheckConfig(Section):
     # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise alt-profanity-check
     # (its model ships in its wheel), with the choice logged at start.
     backend: Literal["detoxify", "profanity", "auto", "custom", "off"] = "detoxify"
-    device: str = "cpu"
+    # auto: rank 0's GPU where there is one (a batch of 16 prompts in milliseconds, against about
+    # 35 ms per prompt on two CPU cores for BERT-base), else the CPU; the memory it takes is logged.
+    device: str = "auto"
+    # Prompts leased together are checked in one call of at most this many; each call is bounded
+    # by `safety.timeout_s`.
+    batch_size: int = Field(16, ge=1, le=256)
     detoxify: DetoxifyConfig = DetoxifyConfig()
     profanity: ProfanityConfig = ProfanityConfig()
     custom: CustomConfig | None = None

@@ -55,8 +55,8 @@ class Guard:
         q = self.cfg.quality
         return ", ".join([
             f"prompt {self.policy.describe() if self.policy else 'policy OFF'}",
-            f"text={self.text_check.name if self.text_check else 'OFF'}",
-            f"image={self.image_check.name if self.image_check else 'OFF'}",
+            f"text={_named(self.text_check)}",
+            f"image={_named(self.image_check)}",
             f"quality={'min_std ' + str(q.min_std) if q.enabled else 'OFF'}",
         ])
 
@@ -77,13 +77,45 @@ class Guard:
         return self.policy.version if self.policy else None
 
     def screen_prompt(self, prompt: str) -> Verdict | None:
-        """The policy lists, then the text check: the first refusal, or the text check's pass
-        (None when both are off). Every verdict names the policy's version. Raises CheckFailed."""
-        verdict = self._screen_policy(prompt)
-        if (verdict is not None and verdict.refused) or self.text_check is None:
-            return verdict
-        checked = self._bounded("text", self.text_check.check, [prompt])[0]
-        return checked.with_policy(self.policy.version) if self.policy else checked
+        """One prompt: its verdict, or None when both checks are off. Raises CheckFailed."""
+        outcome = self.screen_prompts([prompt])[0]
+        if isinstance(outcome, CheckFailed):
+            raise outcome
+        return outcome
+
+    def screen_prompts(self, prompts: list[str]) -> list[Verdict | None | CheckFailed]:
+        """Each prompt's outcome, in order: the policy lists, then the text check on those the lists
+        pass, checked together (a burst costs one model call per `text.batch_size` distinct prompts,
+        not one per prompt). The first refusal, the text check's pass (None when both are off), or
+        the CheckFailed that fails the prompt as retryable. Every verdict names the policy's version."""
+        outcomes: list[Verdict | None | CheckFailed] = [self._policy_outcome(p) for p in prompts]
+        if self.text_check is None:
+            return outcomes
+        todo = {p: None for p, o in zip(prompts, outcomes) if o is None or (isinstance(o, Verdict) and not o.refused)}
+        checked = self._checked(list(todo))
+        return [checked[p] if p in checked else o for p, o in zip(prompts, outcomes)]
+
+    def _checked(self, prompts: list[str]) -> dict[str, Verdict | CheckFailed]:
+        """The text check's verdict on each distinct prompt, one bounded call per batch; a call that
+        fails fails its batch's prompts."""
+        out: dict[str, Verdict | CheckFailed] = {}
+        size = self.cfg.text.batch_size
+        for i in range(0, len(prompts), size):
+            batch = prompts[i:i + size]
+            try:
+                verdicts = self._bounded("text", self.text_check.check, batch)
+            except CheckFailed as e:
+                out.update((p, e) for p in batch)
+                continue
+            version = self.policy.version if self.policy else None
+            out.update((p, v.with_policy(version) if version else v) for p, v in zip(batch, verdicts))
+        return out
+
+    def _policy_outcome(self, prompt: str) -> Verdict | None | CheckFailed:
+        try:
+            return self._screen_policy(prompt)
+        except CheckFailed as e:
+            return e
 
     def _screen_policy(self, prompt: str) -> Verdict | None:
         """Inline: dictionary lookups, well under a millisecond. An error fails closed."""
@@ -144,6 +176,14 @@ class Guard:
     def _record(self, ok: bool) -> None:
         with self._lock:
             self._errors = 0 if ok else self._errors + 1
+
+
+def _named(check) -> str:
+    """A check's name, and where it runs and what it takes when it says (e.g. detoxify on a GPU)."""
+    if check is None:
+        return "OFF"
+    placement = getattr(check, "placement", None)
+    return f"{check.name} ({placement})" if placement else check.name
 
 
 class _Lane:

@@ -14,7 +14,7 @@ import numpy as np
 
 from safety.config import HFClassifierConfig, ImageCheckConfig, NudeNetConfig
 from safety.custom import build_custom, import_backend
-from safety.device import resolve_device
+from safety.device import resolve_device, weights_mb
 from safety.verdicts import SafetyLoadError, Verdict
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class HFImageCheck:
         self._thresholds = {label: cfg.threshold for label in cfg.flag_labels}
         self._batch = cfg.batch_size
         self.name = f"hf:{cfg.model}"
+        self.placement = f"on {device}, {weights_mb(self._model):.1f} MiB"
 
     def check(self, images: list[np.ndarray]) -> list[Verdict]:
         out = []

@@ -10,7 +10,8 @@ import pytest
 
 from safety.config import SafetyConfig
 from safety.guard import Guard
-from safety.verdicts import CheckFailed, SafetyLoadError
+from safety.policy.engine import PromptPolicy
+from safety.verdicts import CheckFailed, SafetyLoadError, Verdict
 
 IMAGE = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
 
@@ -59,3 +60,28 @@ def test_a_model_that_cannot_load_stops_start_up():
     cfg = SafetyConfig.model_validate({"image": {"nudenet": {"labels": ("NOT_A_LABEL",)}}, "text": {"backend": "off"}})
     with pytest.raises(SafetyLoadError, match="safety.image.nudenet.labels"):
         Guard.load(cfg)
+
+
+def test_a_text_check_failing_on_one_batch_fails_that_batchs_prompts_and_no_others():
+    class FailsOnSecondCall:
+        name = "flaky"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def check(self, prompts):
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("device lost")
+            return [Verdict(False, self.name) for _ in prompts]
+
+    cfg = SafetyConfig.model_validate({"text": {"backend": "off", "batch_size": 2}})
+    guard = Guard(cfg, FailsOnSecondCall(), None, PromptPolicy.load(cfg.text.policy))
+    outcomes = guard.screen_prompts(["a fox", "a cat", "a dog", "a naked woman", "an owl"])
+    # dog and owl, the lists' passes after fox and cat, were the second batch
+    assert [type(o).__name__ for o in outcomes] == ["Verdict", "Verdict", "CheckFailed", "Verdict", "CheckFailed"]
+    assert "text check raised RuntimeError: device lost" in str(outcomes[2])
+    assert outcomes[3].refused  # refused by the lists, whatever the text check did
+    guard.text_check.calls = 1  # the next call fails: for one prompt alone, the failure is raised
+    with pytest.raises(CheckFailed, match="device lost"):
+        guard.screen_prompt("a fox")

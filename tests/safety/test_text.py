@@ -94,3 +94,10 @@ def test_auto_falls_back_to_the_shipped_classifier(tmp_path, caplog):
 
 def test_off_builds_nothing():
     assert build_text_check(TextCheckConfig(backend="off")) is None
+
+
+def test_detoxify_says_where_it_runs_and_what_its_weights_take(detoxify_dir, offline):
+    check = detoxify(detoxify_dir)
+    params = sum(p.numel() * p.element_size() for p in check._model.model.parameters())
+    assert check.placement.startswith("original on cpu, ") and check.placement.endswith(" MiB")
+    assert float(check.placement.split(", ")[1].split()[0]) == pytest.approx(params / 2**20, abs=0.06)

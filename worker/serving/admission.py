@@ -2,8 +2,9 @@
 
     validate -> default seed -> fits the context-parallel split -> text check -> report `processing`
 
-for each task of a lease call, the `processing` reports of those that pass going together in one
-call (POST /v1/reports). A task that does not pass is failed and reported here with its reason (or
+for the tasks of a lease call together: their prompts go to the text check in one call (a burst costs
+one model call, not one per prompt), and the `processing` reports of those that pass go in one call
+(POST /v1/reports). A task that does not pass is failed and reported here with its reason (or
 dropped, when its lease is gone) and never reaches a round. Runs on the intake thread, while the
 current round generates.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from protocol import ErrorCode
 from safety.guard import Guard
-from safety.verdicts import CheckFailed
+from safety.verdicts import CheckFailed, Verdict
 from worker.config import LimitsConfig
 from worker.model.job import Job
 from worker.model.parallel import sequence_fits
@@ -48,7 +49,7 @@ class Admission:
     def admit(self, tasks: list[Task]) -> list[Task]:
         """The tasks of one lease call that may be generated (their jobs set): each screened, then
         `processing` for all of them in one call. The others were failed and reported, or dropped."""
-        screened = [task for task in tasks if self._screen(task)]
+        screened = self._screen([task for task in tasks if self._valid(task)])
         if not screened:
             return []
         t0 = time.perf_counter()
@@ -60,21 +61,32 @@ class Admission:
             self.ledger.advance(task, Stage.READY)
         return admitted
 
-    def _screen(self, task: Task) -> bool:
-        """Validation and the text check; False: the task was failed and reported."""
+    def _valid(self, task: Task) -> bool:
+        """Held from now on, and its job set; False: the task was failed and reported."""
         self.ledger.hold(task, Stage.ADMIT)  # from now on the heartbeat renews it
         try:
             task.job = self._validate(task)
         except InvalidRequest as e:
             self.reporter.fail(task, ErrorCode.INVALID_REQUEST, str(e), retryable=False)
             return False
-        with task.timings.stage("text_check"):
-            refusal = self._prompt_refusal(task)
-        if refusal is not None:  # reported once the check's time is recorded: it is part of the report
-            code, message, retryable, details = refusal
-            self.reporter.fail(task, code, message, retryable=retryable, details=details)
-            return False
         return True
+
+    def _screen(self, tasks: list[Task]) -> list[Task]:
+        """The text check on their prompts together; those refused or unchecked were failed and reported."""
+        if not tasks:
+            return []
+        t0 = time.perf_counter()
+        outcomes = self.guard.screen_prompts([task.job.prompt for task in tasks])
+        checked_ms = (time.perf_counter() - t0) * 1e3
+        passed = []
+        for task, outcome in zip(tasks, outcomes):
+            task.timings.record(text_check=checked_ms)  # the batch's time, like the other shared stages
+            if (refusal := self._refusal(outcome)) is None:
+                passed.append(task)
+                continue
+            code, message, retryable, details = refusal  # reported once the check's time is recorded
+            self.reporter.fail(task, code, message, retryable=retryable, details=details)
+        return passed
 
     def _validate(self, task: Task) -> Job:
         job = validate_task(task.id, task.lease.input, self.limits)
@@ -85,14 +97,12 @@ class Admission:
                 raise InvalidRequest(why)
         return job
 
-    def _prompt_refusal(self, task: Task) -> tuple[ErrorCode, str, bool, dict | None] | None:
-        """The text check, before any GPU work: None when the prompt may run, else the failure
-        (code, message, retryable, details). A refusal is final; a failing check is retryable."""
-        try:
-            verdict = self.guard.screen_prompt(task.job.prompt)
-        except CheckFailed as e:
-            return ErrorCode.SAFETY_CHECK_FAILED, str(e), True, None
-        if verdict is None or not verdict.refused:
+    def _refusal(self, outcome: Verdict | None | CheckFailed) -> tuple[ErrorCode, str, bool, dict | None] | None:
+        """None when the prompt may run, else the failure (code, message, retryable, details).
+        A refusal is final; a failing check is retryable."""
+        if isinstance(outcome, CheckFailed):
+            return ErrorCode.SAFETY_CHECK_FAILED, str(outcome), True, None
+        if outcome is None or not outcome.refused:
             return None
         self.ledger.counters.add(Counter.PROMPTS_REFUSED)
-        return ErrorCode.UNSAFE_PROMPT, f"prompt refused: {verdict.describe()}", False, verdict.details()
+        return ErrorCode.UNSAFE_PROMPT, f"prompt refused: {outcome.describe()}", False, outcome.details()
