@@ -113,7 +113,7 @@ def _line(text: str) -> None:
 def submit(dit: Client, args) -> int:
     width, height = args.size or (None, None)
     task = dit.submit(args.prompt, width=width, height=height, steps=args.steps, seed=args.seed,
-                      output_format=args.format, priority=args.priority)
+                      output_format=args.format or _format_of(args.output), priority=args.priority)
     if not (args.wait or args.output):  # a file asked for is a result waited for
         _line(task.id)
         return Exit.OK
@@ -137,6 +137,12 @@ def download(dit: Client, args) -> int:
 
 
 _SUFFIXES = {"image/png": ".png", "image/webp": ".webp", "image/jpeg": ".jpg"}
+_FORMATS = {".png": "png", ".webp": "webp", ".jpg": "jpeg", ".jpeg": "jpeg"}
+
+
+def _format_of(output: str | None) -> str | None:
+    """The format `-o cat.png` names, so that a file is what its name says; None: the worker's default."""
+    return _FORMATS.get(Path(output).suffix.lower()) if output else None
 
 
 def _default_name(task: TaskView) -> str:

@@ -105,9 +105,19 @@ def test_a_wait_that_times_out_has_its_own_exit_status_and_says_how_to_resume(ur
     assert waited.returncode == 124 and "queued" in waited.stdout
 
 
-def test_an_output_file_means_waiting_for_it(url, tmp_path):
+def test_an_output_file_means_waiting_for_it_in_the_format_its_name_says(url, tmp_path):
     out = dit(url, "submit", "nobody serves this", "-o", str(tmp_path / "f.png"), "--timeout", "1")
     assert out.returncode == 124 and "is still queued after 1s" in out.stderr  # waited, did not exit 0
+    task_id = re.search(r"task (\w+) is still queued", out.stderr).group(1)
+    assert httpx.get(f"{url}/v1/tasks/{task_id}").json()["input"]["output_format"] == "png"
+    for name, fmt in (("f.JPG", "jpeg"), ("f.webp", "webp")):
+        out = dit(url, "submit", "nobody serves this", "-o", str(tmp_path / name), "--timeout", "0.2")
+        task_id = re.search(r"task (\w+) is still queued", out.stderr).group(1)
+        assert httpx.get(f"{url}/v1/tasks/{task_id}").json()["input"]["output_format"] == fmt
+    named = dit(url, "submit", "nobody serves this", "-o", str(tmp_path / "f.png"), "--format", "webp",
+                "--timeout", "0.2")  # --format wins over the name
+    task_id = re.search(r"task (\w+) is still queued", named.stderr).group(1)
+    assert httpx.get(f"{url}/v1/tasks/{task_id}").json()["input"]["output_format"] == "webp"
 
 
 def test_errors_name_what_to_do_and_set_the_exit_status(url):

@@ -1,5 +1,5 @@
-"""End to end with the real scheduler and a 2-rank worker: `dit submit --wait -o` returns a PNG of the
-requested size in one command, `Prefer: wait` returns a succeeded task in one call, and `dit download ID`
+"""End to end with the real scheduler and a 2-rank worker: `dit submit --wait -o x.png` returns a PNG
+(the format the name says) of the requested size in one command, `Prefer: wait` returns a succeeded task in one call, and `dit download ID`
 fetches a finished task's image later."""
 
 from __future__ import annotations
