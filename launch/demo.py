@@ -4,7 +4,7 @@ Builds the tiny model if absent, starts the reference scheduler, submits a handf
 2-rank worker under torchrun, waits for every task, prints a table and stops what it started.
 Paths are relative to the current folder (a checkout, or any folder holding configs/tiny.toml when
 dit-worker is installed from a wheel). Images are left in var/demo/images. One prompt is offensive on purpose: the text check must refuse
-it before any inference. Exit code 0 only if every other task succeeded with a PNG of the requested
+it before any inference. Exit code 0 only if every other task succeeded with a JPEG (the default format) of the requested
 size and that one failed as unsafe_prompt.
 """
 
@@ -96,7 +96,7 @@ def _print_table(done: dict[str, dict], here: Path) -> bool:
             path = Path(urlparse(t["result"]["uri"]).path)
             with Image.open(path) as img:
                 size = f"{img.width}x{img.height}"
-                ok &= img.size == want and img.format == "PNG"
+                ok &= img.size == want and img.format == "JPEG"  # the default output format
             where = str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
         else:
             where = f"{t['error']['code']}: {t['error']['message']}"

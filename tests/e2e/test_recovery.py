@@ -25,7 +25,7 @@ def test_task_of_a_killed_worker_is_completed_once_by_a_restarted_worker(make_st
     assert done["status"] == "succeeded" and done["attempts"] == 2
     assert done["worker_id"] != first_id
     objects = stack.objects()
-    assert [p.name for p in objects] == [f"{task['id']}.png"]  # exactly once in the store
+    assert [p.name for p in objects] == [f"{task['id']}.jpg"]  # exactly once in the store
 
 
 def test_a_crashed_rank_restarts_the_group_which_serves_again(make_stack):

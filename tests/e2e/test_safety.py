@@ -60,7 +60,7 @@ def test_flagged_image_fails_unsafe_image_and_is_never_stored(flagging):
     assert err["code"] == "unsafe_image" and err["retryable"] is False
     assert err["details"]["category"] == "nsfw" and set(err["details"]["scores"]) == {"normal", "nsfw"}
     assert flagging.objects() == []  # nothing in the results location
-    assert [p.name for p in flagging.quarantine.glob("*.png")] == [f"{task['id']}.png"]
+    assert [p.name for p in flagging.quarantine.glob("*.jpg")] == [f"{task['id']}.jpg"]
     after = settled_worker(flagging)["counters"]
     assert after["images_generated"] == before["images_generated"] + 1
     assert after["images_refused"] == before.get("images_refused", 0) + 1

@@ -25,18 +25,18 @@ def path_of(task: dict) -> Path:
     return Path(urlparse(task["result"]["uri"]).path)
 
 
-def test_tasks_succeed_with_pngs_of_the_requested_size(served):
+def test_tasks_succeed_with_images_of_the_requested_size_in_the_default_format(served):
     sizes = [(256, 256), (384, 128), (128, 512)]
     tasks = run(served, [{"prompt": f"prompt {i}", "width": w, "height": h} for i, (w, h) in enumerate(sizes)])
     for task, (w, h) in zip(tasks, sizes):
         assert task["status"] == "succeeded", task["error"]
         assert task["attempts"] == 1
         result, path = task["result"], path_of(task)
-        assert path.parent == served.images.resolve() and path.name == f"{task['id']}.png"
+        assert path.parent == served.images.resolve() and path.name == f"{task['id']}.jpg"
         data = path.read_bytes()
         assert hashlib.sha256(data).hexdigest() == result["sha256"] and len(data) == result["bytes"]
         with Image.open(path) as img:
-            assert img.format == "PNG" and img.size == (w, h) and img.mode == "RGB"
+            assert img.format == "JPEG" and img.size == (w, h) and img.mode == "RGB"
         assert (result["width"], result["height"]) == (w, h)
         assert set(result["timings_ms"]) >= {"generate", "encode", "store"}
 

@@ -10,7 +10,7 @@ LIMITS = LimitsConfig(min_side=64, max_side=1024, max_pixels=1024 * 768, default
 
 def test_defaults_fill_missing_fields():
     job = validate_task("t1", {"prompt": "a cat"}, LIMITS)
-    assert (job.width, job.height, job.steps, job.seed, job.output_format) == (256, 256, 4, None, "png")
+    assert (job.width, job.height, job.steps, job.seed, job.output_format) == (256, 256, 4, None, "jpeg")
 
 
 def test_full_request():
@@ -39,7 +39,7 @@ def test_full_request():
     ({"prompt": "x", "steps": 9}, "steps: 9 is outside"),
     ({"prompt": "x", "seed": -1}, "seed: Input should be greater than or equal to 0"),
     ({"prompt": "x", "seed": 2**63}, "seed: Input should be less than or equal to"),
-    ({"prompt": "x", "output_format": "gif"}, "output_format: 'gif' is not one of ['png', 'webp', 'jpeg']"),
+    ({"prompt": "x", "output_format": "gif"}, "output_format: 'gif' is not one of ['jpeg', 'webp', 'png']"),
     ({"prompt": "x", "colour": "red"}, "colour: unknown field"),
 ])
 def test_refusals_name_the_field(raw, reason):
@@ -73,4 +73,4 @@ def test_a_direction_mark_is_allowed():
 def test_the_limits_advertised_are_the_ones_validation_applies():
     assert advertised(LIMITS) == WorkerLimits(max_prompt_chars=100, min_side=64, max_side=1024, size_multiple=16,
                                               max_pixels=1024 * 768, default_width=256, default_height=256,
-                                              max_steps=8, output_formats=["png", "webp", "jpeg"])
+                                              max_steps=8, output_formats=["jpeg", "webp", "png"])
