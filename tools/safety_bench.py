@@ -20,6 +20,26 @@ import numpy as np
 
 PROMPT = ("a cinematic photograph of a lighthouse on a rocky cliff at dawn, waves crashing below, "
           "golden light, seagulls, 35mm film, high detail")
+# A burst: 16 distinct prompts of the lengths users write (13 to 29 tokens), as one lease call brings
+# them to rank 0 at once.
+BURST = [
+    PROMPT,
+    "portrait of an old sailor with a grey beard, oil painting, dramatic lighting",
+    "a red fox sleeping in fresh snow under pine trees, soft morning light",
+    "isometric illustration of a tiny coffee shop on a rainy street at night, neon signs, reflections on wet asphalt",
+    "a bowl of ramen with a soft boiled egg, steam rising, food photography, shallow depth of field",
+    "an astronaut riding a horse on mars, photorealistic, 8k",
+    "watercolor painting of a quiet harbour town in the morning, boats, pastel colours",
+    "a futuristic city skyline at sunset with flying cars and glass towers, ultra wide angle, volumetric light",
+    "close-up of a hummingbird drinking nectar from a red flower, macro photography",
+    "a cozy reading nook with a window seat, stacks of books, a sleeping cat, warm lamp light",
+    "minimalist logo of a mountain and a river, flat vector, two colours",
+    "a medieval knight in ornate armour standing in a misty forest, fantasy art, highly detailed",
+    "aerial view of turquoise water and a white sand beach with palm trees, drone photography",
+    "a steampunk owl made of brass gears and copper pipes, studio lighting, product shot",
+    "children playing football in a dusty village square at golden hour, documentary photography",
+    "a glass of iced lemonade on a wooden table in a sunny garden, bokeh background",
+]
 
 
 def timed(fn, repeats: int, warmup: int = 3) -> dict:
@@ -43,6 +63,21 @@ def image(width: int, height: int) -> np.ndarray:
     return np.clip(base + noise, 0, 255).astype(np.uint8)
 
 
+def burst_rows(detox, repeats: int) -> list[dict]:
+    """A burst of 16 prompts through the guard as the worker screens them: one call per prompt (as
+    before 2026-11), then the whole burst in one call; per prompt, side by side."""
+    from safety.config import SafetyConfig
+    from safety.guard import Guard
+
+    guard = Guard(SafetyConfig(), detox, None)
+    n = max(5, repeats // 3)
+    alone = timed(lambda: [guard.screen_prompt(p) for p in BURST], n)
+    together = timed(lambda: guard.screen_prompts(BURST), n)
+    return [{"check": f"text: detoxify, burst of {len(BURST)}, {how}", "per": "prompt",
+             "median_ms": round(t["median_ms"] / len(BURST), 2), "p95_ms": round(t["p95_ms"] / len(BURST), 2),
+             "repeats": t["repeats"]} for how, t in (("a call each", alone), ("one call", together))]
+
+
 def run(device: str, repeats: int, sizes: list[tuple[int, int]], work: Path) -> dict:
     from safety.config import (DetoxifyConfig, HFClassifierConfig, NudeNetConfig, ProfanityConfig,
                                QualityCheckConfig, SafetyConfig)
@@ -53,12 +88,13 @@ def run(device: str, repeats: int, sizes: list[tuple[int, int]], work: Path) -> 
     from safety.text import DetoxifyCheck, ProfanityCheck
 
     rows = []
-    ckpt = make_detoxify_checkpoint(work / "detoxify", "base", corpus=[PROMPT])  # whole-word tokens
+    ckpt = make_detoxify_checkpoint(work / "detoxify", "base", corpus=BURST)  # whole-word tokens
     detox = DetoxifyCheck(DetoxifyConfig(checkpoint=str(ckpt), huggingface_config_path=str(work / "detoxify")),
                           device)
     tokens = len(detox._model.tokenizer(PROMPT)["input_ids"])
     rows.append({"check": f"text: detoxify (BERT-base, {tokens} tokens)", "per": "prompt",
                  **timed(lambda: detox.check([PROMPT]), repeats)})
+    rows += burst_rows(detox, repeats)
     profanity = ProfanityCheck(ProfanityConfig())
     rows.append({"check": "text: alt-profanity-check", "per": "prompt", **timed(lambda: profanity.check([PROMPT]), repeats)})
     nudenet = NudeNetCheck(NudeNetConfig())
