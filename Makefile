@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-scheduler wheelhouse scheduler node clean
+.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler wheelhouse scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -62,9 +62,15 @@ bench-safety: install
 bench-scheduler: install
 	$(PY) -m tools.scheduler_bench --out $(BENCH_OUT)/scheduler.json
 
-# What rank 0's post stage (image check, encode, store) carries per core at 1360x768.
+# What rank 0's post stage (image check, encode, store) carries per core, on photographs at
+# 1360x768 and 1024x1024, and what each output format and setting costs to encode.
 bench-post: install
 	$(PY) -m tools.post_bench --out $(BENCH_OUT)/post.json
+
+# What the worker adds to one request on an idle worker (tiny model, 1360x768, the default format):
+# submit with `Prefer: wait` -> response, minus the generate stage, with each part's share.
+bench-latency: install models/tiny-flux/model_index.json
+	$(PY) -m tools.latency_bench --out $(BENCH_OUT)/latency.json $(LATENCY_ARGS)
 
 # Every wheel the worker and its extras need beyond the node's torch, for an offline node (docs/deploy.md):
 #   make wheelhouse WHEELHOUSE_ARGS="--python-version 3.12 --torch 2.11.0 --have node-freeze.txt"
