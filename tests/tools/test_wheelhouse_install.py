@@ -63,4 +63,4 @@ def test_an_offline_install_from_the_wheelhouse_serves_the_demo(wheelhouse, tmp_
     assert "OK: images in" in proc.stdout
     where = run([py, "-c", "import worker; print(worker.__file__)"], timeout=60, cwd=node).stdout
     assert str(venv) in where  # served by the installed package, not the checkout
-    assert len(list((node / "var" / "demo" / "images").glob("*.png"))) == 6
+    assert len(list((node / "var" / "demo" / "images").glob("*.jpg"))) == 6
