@@ -30,17 +30,8 @@ from pathlib import Path
 import httpx
 
 from launch.local import free_port, start_scheduler, start_worker, wait_until
+from tools.bench.phases import PROMPTS
 
-PROMPTS = [
-    "a lighthouse on a rocky cliff at dawn, waves crashing below, golden light",
-    "a red fox in fresh snow, watercolour",
-    "an astronaut riding a horse on the moon, 35mm film",
-    "a bowl of ramen on a wooden table, studio lighting",
-    "a cathedral made of glass in a pine forest",
-    "a tiny robot reading a book in a library",
-    "a street market in the rain at night, neon reflections",
-    "a hot air balloon over terraced rice fields",
-]
 # The worker's stages on an idle request's path besides generation, in order; the image check and
 # the encoder overlap (worker.serving.post).
 STAGES = ("text_check", "admit", "wait", "broadcast", "image_check", "encode", "store")

@@ -7,22 +7,11 @@ from protocol import ErrorCode, Lease
 from safety.config import SafetyConfig
 from safety.guard import Guard
 from safety.policy.engine import PromptPolicy
-from safety.verdicts import Verdict
+from tests.safety.test_guard import CountingTextCheck
 from worker.config import LimitsConfig
 from worker.serving.admission import Admission
 from worker.serving.ledger import Ledger
 from worker.serving.task import Task
-
-
-class CountingTextCheck:
-    name = "counting"
-
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-
-    def check(self, prompts):
-        self.calls.append(list(prompts))
-        return [Verdict.judge(self.name, {"toxic": float("idiot" in p)}, {"toxic": 0.5}) for p in prompts]
 
 
 class FakeReporter:
