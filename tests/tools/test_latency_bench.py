@@ -29,9 +29,10 @@ def test_the_parts_add_up_to_the_overhead_with_the_overlapped_stages_counted_onc
     assert sum(parts.values()) == pytest.approx(overhead)
 
 
-def test_a_run_against_a_real_worker_reports_the_overhead_and_its_parts(tmp_path, capsys):
+def test_a_run_against_a_real_worker_reports_the_overhead_and_its_parts(tmp_path, tiny_model, capsys):
     out = tmp_path / "latency.json"
-    assert latency_bench.main(["--requests", "3", "--warmup", "1", "--size", "256x256", "--out", str(out)]) == 0
+    argv = ["--model", str(tiny_model), "--requests", "3", "--warmup", "1", "--size", "256x256", "--out", str(out)]
+    assert latency_bench.main(argv) == 0
     report = json.loads(out.read_text())
     assert report["requests"] == 3 and report["content_type"] == "image/jpeg"  # the default format
     o = report["overhead_ms"]
