@@ -33,6 +33,9 @@ class SchedulerMetrics:
                                    ["result"], registry=r)  # created, replayed (idempotency key), conflict, refused
         # (queue full), rate_limited, unservable (no live worker's limits allow the input)
         self.leases = Counter("dit_scheduler_leases_granted", "Tasks leased to workers", registry=r)
+        self.leases_given_back = Counter("dit_scheduler_leases_given_back",
+                                         "Tasks claimed for a long poll whose worker had gone; back in the queue",
+                                         registry=r)
         self.reports = Counter("dit_scheduler_reports", "Worker reports, by status and outcome",
                                ["status", "outcome"], registry=r)  # outcome: accepted, conflict, not_found
         self.webhooks = Counter("dit_scheduler_webhooks", "Webhook calls, by event and outcome", ["event", "outcome"],

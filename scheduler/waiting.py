@@ -91,20 +91,26 @@ class Waiters:
         self._queue: deque[asyncio.Future] = deque()
         self._poll_s = poll_s
 
-    async def poll(self, claim: Callable[[], Awaitable[list[T]]], wait_s: float) -> list[T]:
-        """What `claim` finds: at once, or after a wake-up or a look within `wait_s`; empty if nothing."""
+    async def poll(self, claim: Callable[[], Awaitable[list[T]]], wait_s: float,
+                   gone: Callable[[], Awaitable[bool]] | None = None) -> list[T]:
+        """What `claim` finds: at once, or after a wake-up or a look within `wait_s`; empty if nothing.
+        Once `gone()` says the requester has left, nothing more is claimed for it, and a wake-up it
+        got goes to the next waiter."""
         end = time.monotonic() + wait_s
         while True:
             woken = self.enlist()  # before the claim, so work added meanwhile is not missed
             got: list[T] = []
+            left_us = False
             try:
                 got = await claim()
                 left = end - time.monotonic()
                 if got or left <= 0:
                     return got
                 await asyncio.wait({woken}, timeout=min(left, self._poll_s))
+                if gone is not None and (left_us := await gone()):
+                    return got
             finally:
-                self.leave(woken, served=bool(got))
+                self.leave(woken, served=bool(got) or left_us)
 
     def enlist(self) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from protocol import Heartbeat, HeartbeatReply, LeaseRequest, LeaseResponse, Registered, RegisterWorker, WorkerView
+from protocol import (
+    Heartbeat,
+    HeartbeatReply,
+    Lease,
+    LeaseRequest,
+    LeaseResponse,
+    Registered,
+    RegisterWorker,
+    Report,
+    WorkerView,
+)
 from scheduler.api.auth import client_auth, reader_auth, worker_auth
-from scheduler.api.deps import ClaimsDep, MetricsDep, StoreCall, StoreDep, WaitersDep, WorkersDep
+from scheduler.api.deps import ClaimsDep, MetricsDep, ReportsDep, StoreCall, StoreDep, WaitersDep, WorkersDep
+from scheduler.store import Reports
 from scheduler.metrics import prometheus_targets
 
 log = logging.getLogger(__name__)
@@ -43,13 +54,29 @@ async def metrics_targets(workers: WorkersDep) -> list[dict]:
 
 @router.post("/v1/workers/{worker_id}/lease", response_model=LeaseResponse, dependencies=auth,
              responses={204: {"description": "no work within wait_s"}, 404: {}})
-async def lease(worker_id: str, body: LeaseRequest, claims: ClaimsDep, waiters: WaitersDep,
-                metrics: MetricsDep) -> LeaseResponse | Response:
-    got = await waiters.poll(lambda: claims.aclaim(worker_id, body.max_tasks), body.wait_s)
+async def lease(worker_id: str, body: LeaseRequest, request: Request, claims: ClaimsDep, reports: ReportsDep,
+                waiters: WaitersDep, metrics: MetricsDep) -> LeaseResponse | Response:
+    got = await waiters.poll(lambda: claims.aclaim(worker_id, body.max_tasks), body.wait_s, request.is_disconnected)
+    if got and await request.is_disconnected():
+        # Its worker gave up on the long poll (a timeout, a restart) while the claim ran: nobody
+        # would run these tasks before their lease expired. Back in the queue, the attempt uncounted.
+        await give_back(worker_id, got, reports)
+        metrics.leases_given_back.inc(len(got))
+        waiters.notify(len(got))
+        got = []
     if not got:
         return Response(status_code=204)
     metrics.leases.inc(len(got))
     return LeaseResponse(leases=got)
+
+
+async def give_back(worker_id: str, got: list[Lease], reports: Reports) -> None:
+    """Releases leases nobody will receive, as the worker's own `released` report would."""
+    outcomes = await reports.areport_many([(le.task_id, Report(worker_id=worker_id, lease_token=le.lease_token,
+                                                               status="released")) for le in got])
+    for le, out in zip(got, outcomes):
+        if isinstance(out, Exception):  # already changed (a cancel): nothing of ours to give back
+            log.info("lease on %s not given back: %s", le.task_id, out)
 
 
 @router.post("/v1/workers/{worker_id}/heartbeat", response_model=HeartbeatReply, dependencies=auth,
