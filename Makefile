@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler wheelhouse scheduler node clean
+.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet wheelhouse scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -61,6 +61,12 @@ bench-safety: install
 # The scheduler under 500 simulated workers: SQLite, PostgreSQL with 1 and 2 scheduler processes.
 bench-scheduler: install
 	$(PY) -m tools.scheduler_bench --out $(BENCH_OUT)/scheduler.json
+
+# The queue under an open-loop fleet: clients submitting one task per call at 90% of what 500
+# simulated GPUs make (0.6 s a task), 1-GPU workers and 8-GPU nodes, each store, durable settings;
+# a trivial in-memory server shows what the load generator itself can drive; then 2x overload.
+bench-fleet: install
+	$(PY) -m tools.fleet_bench --out $(BENCH_OUT)/fleet.json $(FLEET_ARGS)
 
 # What rank 0's post stage (image check, encode, store) carries per core, on photographs at
 # 1360x768 and 1024x1024, and what each output format and setting costs to encode.

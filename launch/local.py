@@ -209,9 +209,10 @@ class Client:
 class Postgres:
     """A real PostgreSQL server (Debian's package; its programs are off PATH) on 127.0.0.1, in a
     temporary folder, for the tests and the scheduler benchmark. It refuses to run as root, so as
-    root it runs as `postgres`. fsync is off: they need its semantics, not its durability."""
+    root it runs as `postgres`. fsync is off unless `durable`: the tests need its semantics, not its
+    durability; a benchmark of what users run sets it (fsync, synchronous_commit, full_page_writes on)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, durable: bool = False) -> None:
         bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
         if not bins:
             raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
@@ -224,9 +225,10 @@ class Postgres:
             shutil.chown(root, "postgres")
         subprocess.run([*as_user, str(self.bin / "initdb"), "-D", str(root / "data"), "-A", "trust", "-U", "dit",
                         "--no-sync", "-E", "UTF8"], check=True, capture_output=True)
+        fast = [] if durable else ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
         self.proc = Proc([*as_user, str(self.bin / "postgres"), "-D", str(root / "data"), "-k", str(root),
-                          "-h", "127.0.0.1", "-p", str(self.port), "-c", "fsync=off", "-c", "synchronous_commit=off",
-                          "-c", "full_page_writes=off", "-c", "max_connections=300"], log_dir / "postgres.log")
+                          "-h", "127.0.0.1", "-p", str(self.port), *fast, "-c", "max_connections=300"],
+                         log_dir / "postgres.log")
         wait_until(self._ready, 30, "PostgreSQL", self.proc, every_s=0.1)
         self._made = 0
 

@@ -1,0 +1,35 @@
+"""`make bench-fleet`: the open-loop fleet model, its arithmetic, and a short run against the trivial
+server and the real scheduler."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tools import fleet_bench
+from tools.fleet_bench import Record
+
+
+def test_retry_after_is_set_against_the_wait_of_tasks_admitted_in_the_same_second():
+    rec = Record()
+    rec.waits = [(10.2, 4.0), (10.8, 6.0), (11.5, 20.0)]  # admitted in second 10: waited 4 and 6 s
+    rec.submits = [(10.5, 1.0, 429, 5.0), (10.6, 1.0, 429, 10.0), (11.1, 1.0, 429, 9.0), (12.0, 1.0, 429, 3.0)]
+    out = fleet_bench.retry_after_against_wait(rec)
+    # 5/5 and 10/5 in second 10, 9/20 in second 11; second 12 admitted nothing to compare with
+    assert out == {"retry_after_over_wait_p50": 1.0, "retry_after_within_50pct": pytest.approx(1 / 3, abs=1e-3)}
+
+
+def test_a_short_run_on_the_trivial_server_and_sqlite_completes_what_it_offers(tmp_path, capsys):
+    out = tmp_path / "fleet.json"
+    assert fleet_bench.main(["--gpus", "8", "--seconds", "2", "--work-s", "0.2", "--stores", "trivial,sqlite",
+                             "--shapes", "gpu,node", "--overload-gpus", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {(r["store"], r["shape"]): r for r in report["rows"]}
+    assert set(rows) == {("trivial", "gpu"), ("trivial", "node"), ("sqlite", "gpu"), ("sqlite", "node")}
+    assert rows["sqlite", "node"]["workers"] == 1 and rows["sqlite", "gpu"]["workers"] == 8
+    for row in rows.values():
+        assert row["offered_per_s"] > 10 and row["errors"] == [] and row["timed_out"] == 0
+        assert row["completed"] >= 0.9  # 90% of what the GPUs make, 3 x work_s to finish
+        assert 0 <= row["lease_p50_ms"] <= row["lease_p99_ms"] and row["submit_to_lease_p99_ms"] is not None
+    assert "trivial" in capsys.readouterr().out
