@@ -204,6 +204,10 @@ class QueueFigures(_Strict):
     ended_last_s: dict[str, dict[str, int]] = Field(
         description="window in seconds (60, 300, 900) -> {succeeded, failed}: tasks that ended within it")
     workers_by_status: dict[str, int]
+    drain_per_s: float = Field(0.0, description="tasks ended per second lately (the last 30 s); 0: too few to tell")
+    wait_s_by_priority: dict[str, float] = Field(
+        default_factory=dict, description="priority -> seconds a task submitted now would wait at that drain "
+        "(the tasks of its priority and above, ahead of it); admission refuses beyond api.max_queue_wait_s")
 
 
 # ---------------------------------------------------------------- workers

@@ -68,6 +68,14 @@ class QueueCollector(Collector):
         yield GaugeMetricFamily("dit_scheduler_oldest_queued_age_seconds", "Age of the oldest queued task (0: none)",
                                 value=fig.oldest_queued_age_s or 0.0)
         yield GaugeMetricFamily("dit_scheduler_running", "Tasks leased or processing", value=fig.running)
+        yield GaugeMetricFamily("dit_scheduler_drain_per_second", "Tasks ended per second lately (0: too few to "
+                                "tell)", value=fig.drain_per_s)
+        wait = GaugeMetricFamily("dit_scheduler_queue_wait_estimate_seconds", "Seconds a task submitted now would "
+                                 "wait at the drain rate, by priority (admission refuses beyond "
+                                 "api.max_queue_wait_s)", labels=["priority"])
+        for priority, seconds in sorted(fig.wait_s_by_priority.items(), key=lambda kv: int(kv[0])):
+            wait.add_metric([priority], seconds)
+        yield wait
         workers = GaugeMetricFamily("dit_scheduler_workers", "Worker registrations, by status", labels=["status"])
         for status in REGISTRATION_STATUSES:
             workers.add_metric([status], fig.workers_by_status.get(status, 0))

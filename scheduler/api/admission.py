@@ -3,7 +3,10 @@ live worker can serve its input, the queue has room, and its client is under its
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
+from collections import Counter
 
 from fastapi import HTTPException, Request
 from starlette.concurrency import run_in_threadpool
@@ -12,12 +15,47 @@ from protocol import SubmitTask
 from scheduler import servable
 from scheduler.api.cache import Cached
 from scheduler.config import ApiConfig
+from scheduler.drain import ahead, queue_wait_s
 from scheduler.limits import RateLimit, client_key, retry_after_s
 from scheduler.metrics import SchedulerMetrics
 from scheduler.store import Store
 from scheduler.webhooks import refusal
 
-PACE_MAX_AGE_S = 5  # a full queue must not cost a scan per refused request
+class Backlog:
+    """What a submission is weighed against, without a query per submit (a COUNT per submit grows
+    with the backlog): the queued tasks per priority and the drain rate, read together at most every
+    `max_age_s` off the event loop, plus the tasks this process admitted since. Another scheduler
+    process's admissions show at the next read."""
+
+    def __init__(self, store: Store, max_age_s: float) -> None:
+        self._store = store
+        self._max_age_s = max_age_s
+        self._lock = asyncio.Lock()
+        self._at = float("-inf")
+        self._depth: dict[int, int] = {}
+        self._drain = 0.0
+        self._since: Counter[int] = Counter()
+        self._taken = 0
+
+    async def read(self) -> tuple[Counter[int], float]:
+        """(queued tasks per priority, tasks drained per second)."""
+        async with self._lock:
+            if time.monotonic() - self._at >= self._max_age_s:
+                # Cleared before the read: a task admitted meanwhile may count twice, never zero times.
+                self._since, self._taken = Counter(), 0
+                self._depth, self._drain = await run_in_threadpool(self._load)  # scans: off the event loop
+                self._at = time.monotonic()
+        return _less_from_the_top(Counter(self._depth) + self._since, self._taken), self._drain
+
+    def admitted(self, tasks: list[SubmitTask]) -> None:
+        self._since.update(t.priority for t in tasks)
+
+    def taken(self, n: int) -> None:
+        """This process leased n tasks: the queue is shorter (until the next read says exactly)."""
+        self._taken += n
+
+    def _load(self) -> tuple[dict[int, int], float]:
+        return self._store.tasks.queued_by_priority(), self._store.tasks.drain_rate()
 
 
 class Admission:
@@ -26,13 +64,18 @@ class Admission:
         self._api = api
         self._submissions = metrics.submissions
         self._rate = RateLimit(api.rate_limit, api.rate_burst or max(1.0, api.rate_limit * 10))
-        self._pace: Cached[int] = Cached(0)  # tasks ended in the last minute
+        self.backlog = Backlog(store, api.admission_read_s)
+        self._fleet: Cached[list] = Cached([])
 
     async def check(self, tasks: list[SubmitTask], request: Request) -> None:
         """422 for a webhook or an input refused, 429 (with a Retry-After) for no room or over rate."""
         self._check_webhooks(tasks)
         await self._check_servable(tasks)
-        await self._admit(request, len(tasks))
+        await self._admit(request, tasks)
+
+    def fleet_changed(self) -> None:
+        """A worker registered or drains here: the next check reads the fleet's limits afresh."""
+        self._fleet = Cached([])
 
     def _check_webhooks(self, tasks: list[SubmitTask]) -> None:
         """422 naming the host when a task's webhook is not on the operator's allowlist."""
@@ -43,24 +86,43 @@ class Admission:
     async def _check_servable(self, tasks: list[SubmitTask]) -> None:
         """422 naming the field when no live worker's limits allow a task's input: better now than a
         failure once leased. Nothing is refused while no live worker is registered (the fleet may
-        start later), nor with --admit-unservable."""
+        start later), nor with --admit-unservable. The fleet's limits are read at most every
+        `admission_read_s`, and after a worker registers or drains here."""
         if self._api.admit_unservable:
             return
-        fleet = await self._store.acall(self._store.workers.fleet_limits)
+        fleet = await self._fleet.get(lambda: self._store.acall(self._store.workers.fleet_limits),
+                                       self._api.admission_read_s)
         for i, task in enumerate(tasks):
             if why := servable.refusal(task.input, fleet):
                 self._submissions.labels("unservable").inc(len(tasks))
                 raise HTTPException(422, _of(i, tasks, why))
 
-    async def _admit(self, request: Request, n: int) -> None:
-        """429 with a Retry-After when the queue is full or this client is over its rate; n tasks."""
-        limit = self._api.max_queued
-        queued = await self._store.acall(self._store.tasks.queued_count)
+    async def _admit(self, request: Request, tasks: list[SubmitTask]) -> None:
+        """429 with a Retry-After when the queue is full, when a task would wait longer than the
+        fleet's drain allows, or when this client is over its rate."""
+        n = len(tasks)
+        depth, drain = await self.backlog.read()
+        queued, limit = sum(depth.values()), self._api.max_queued
         if queued + n > limit:
-            self._submissions.labels("refused").inc(n)
-            retry = retry_after_s(queued + n - limit, await self._pace.get(self._ended_lately, PACE_MAX_AGE_S))
-            raise HTTPException(429, f"queue is full ({queued} queued, limit {limit}); at the recent pace there "
-                                f"is room in about {retry}s", headers={"Retry-After": str(retry)})
+            retry = retry_after_s(queued + n - limit, drain)
+            self._refuse(n, f"queue is full ({queued} queued, limit {limit}); at the recent pace there is room in "
+                         f"about {retry}s", retry)
+        lane = min(t.priority for t in tasks)  # the lowest lane a batch touches waits longest
+        bound = self._api.max_queue_wait_s
+        if bound and (wait := queue_wait_s(depth, lane, n, drain)) is not None and wait > bound:
+            # Retry-After: what the tasks ahead need to drain, the wait a task let in now would have.
+            retry = retry_after_s(ahead(depth, lane), drain)
+            self._refuse(n, f"a task of priority {lane} would wait about {wait:.0f}s, over the limit of {bound:g}s "
+                         f"({ahead(depth, lane)} tasks ahead, the fleet drains {drain:.1f}/s); retry in about "
+                         f"{retry}s", retry)
+        self._check_rate(request, n)
+        self.backlog.admitted(tasks)
+
+    def _refuse(self, n: int, why: str, retry: int) -> None:
+        self._submissions.labels("refused").inc(n)
+        raise HTTPException(429, why, headers={"Retry-After": str(retry)})
+
+    def _check_rate(self, request: Request, n: int) -> None:
         client = client_key(request.headers.get("authorization"), request.client.host if request.client else None)
         wait = self._rate.take(client, n)
         if wait == math.inf:
@@ -71,8 +133,14 @@ class Admission:
             raise HTTPException(429, f"rate limit: {self._api.rate_limit:g} tasks/s per client", headers={
                 "Retry-After": str(max(1, math.ceil(wait)))})
 
-    async def _ended_lately(self) -> int:
-        return await run_in_threadpool(self._store.tasks.ended_since, 60)  # a scan: off the event loop
+
+def _less_from_the_top(depth: Counter[int], n: int) -> Counter[int]:
+    """The queue after n tasks were leased: a claim takes the highest priority first."""
+    for p in sorted(depth, reverse=True):
+        took = min(n, depth[p])
+        depth[p] -= took
+        n -= took
+    return +depth  # lanes emptied are dropped
 
 
 def _of(i: int, tasks: list[SubmitTask], why: str) -> str:

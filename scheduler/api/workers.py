@@ -20,7 +20,7 @@ from protocol import (
     WorkerView,
 )
 from scheduler.api.auth import client_auth, reader_auth, worker_auth
-from scheduler.api.deps import ClaimsDep, MetricsDep, ReportsDep, StoreCall, StoreDep, WaitersDep, WorkersDep
+from scheduler.api.deps import AdmissionDep, ClaimsDep, MetricsDep, ReportsDep, StoreCall, StoreDep, WaitersDep, WorkersDep
 from scheduler.store import Reports
 from scheduler.metrics import prometheus_targets
 
@@ -30,8 +30,10 @@ auth = [Depends(worker_auth)]
 
 
 @router.post("/v1/workers", status_code=201, response_model=Registered, dependencies=auth)
-async def register(body: RegisterWorker, store: StoreDep, workers: WorkersDep, waiters: WaitersDep) -> Registered:
+async def register(body: RegisterWorker, store: StoreDep, workers: WorkersDep, waiters: WaitersDep,
+                   admission: AdmissionDep) -> Registered:
     worker_id, requeued = await store.acall(workers.register, body)
+    admission.fleet_changed()  # its limits count for the next submission
     log.info("registered %s: %s, %d rank(s), model %s, node %s", worker_id, body.hostname,
              body.world_size, body.model, body.node_id)
     if requeued:
@@ -55,7 +57,7 @@ async def metrics_targets(workers: WorkersDep) -> list[dict]:
 @router.post("/v1/workers/{worker_id}/lease", response_model=LeaseResponse, dependencies=auth,
              responses={204: {"description": "no work within wait_s"}, 404: {}})
 async def lease(worker_id: str, body: LeaseRequest, request: Request, claims: ClaimsDep, reports: ReportsDep,
-                waiters: WaitersDep, metrics: MetricsDep) -> LeaseResponse | Response:
+                waiters: WaitersDep, metrics: MetricsDep, admission: AdmissionDep) -> LeaseResponse | Response:
     got = await waiters.poll(lambda: claims.aclaim(worker_id, body.max_tasks), body.wait_s, request.is_disconnected)
     if got and await request.is_disconnected():
         # Its worker gave up on the long poll (a timeout, a restart) while the claim ran: nobody
@@ -66,6 +68,7 @@ async def lease(worker_id: str, body: LeaseRequest, request: Request, claims: Cl
         got = []
     if not got:
         return Response(status_code=204)
+    admission.backlog.taken(len(got))
     metrics.leases.inc(len(got))
     return LeaseResponse(leases=got)
 
@@ -81,5 +84,9 @@ async def give_back(worker_id: str, got: list[Lease], reports: Reports) -> None:
 
 @router.post("/v1/workers/{worker_id}/heartbeat", response_model=HeartbeatReply, dependencies=auth,
              responses={404: {}})
-async def heartbeat(worker_id: str, body: Heartbeat, workers: WorkersDep, call: StoreCall) -> HeartbeatReply:
-    return await call(workers.heartbeat, worker_id, body)
+async def heartbeat(worker_id: str, body: Heartbeat, workers: WorkersDep, call: StoreCall,
+                    admission: AdmissionDep) -> HeartbeatReply:
+    reply = await call(workers.heartbeat, worker_id, body)
+    if body.status in ("draining", "drained"):
+        admission.fleet_changed()  # it takes no new tasks: its limits no longer count
+    return reply

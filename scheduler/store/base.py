@@ -57,6 +57,11 @@ class Tasks(Protocol):
 
     def queued_count(self) -> int: ...
 
+    def queued_by_priority(self) -> dict[int, int]: ...
+
+    def drain_rate(self, window_s: float = ...) -> float:
+        """Tasks ended per second lately: what the fleet drains; 0 when too few ended to tell."""
+
     def figures(self) -> QueueFigures: ...
 
     def recent(self, status: str, window_s: float, limit: int) -> list[TaskView]:

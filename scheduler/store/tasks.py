@@ -9,6 +9,7 @@ from typing import Any
 from protocol import QueueFigures, SubmitTask, TaskView
 from scheduler.store.base import Conflict
 from scheduler.store.database import Database, task_row
+from scheduler.drain import DRAIN_MIN_TASKS, DRAIN_WINDOW_S, queue_wait_s
 from scheduler.store.lifecycle import ENDED, HELD, INITIAL, status_in
 
 
@@ -70,6 +71,12 @@ class SQLTasks:
     def queued_count(self) -> int:
         return self._store._read().execute("SELECT COUNT(*) AS n FROM tasks WHERE status = 'queued'").fetchone()["n"]
 
+    def queued_by_priority(self) -> dict[int, int]:
+        return _queued_by_priority(self._store._read(), self._store.QUEUE_INDEX)
+
+    def drain_rate(self, window_s: float = DRAIN_WINDOW_S) -> float:
+        return _drain_rate(self._store._read(), self._store.clock(), window_s)
+
     def figures(self) -> QueueFigures:
         return _figures(self._store._read(), self._store.clock(), self._store.QUEUE_INDEX)
 
@@ -92,9 +99,23 @@ class SQLTasks:
             " FROM tasks WHERE finished_at >= ? GROUP BY bucket, status", (since, bucket_s, since)).fetchall()]
 
 
-def _figures(db: Any, now: float, queue_index: str) -> QueueFigures:
-    by_priority = {str(r["priority"]): r["n"] for r in db.execute(
+def _queued_by_priority(db: Any, queue_index: str) -> dict[int, int]:
+    return {r["priority"]: r["n"] for r in db.execute(
         f"SELECT priority, COUNT(*) AS n FROM tasks{queue_index} WHERE status = 'queued' GROUP BY priority")}
+
+
+def _drain_rate(db: Any, now: float, window_s: float) -> float:
+    """Tasks ended per second over the last `window_s`, measured from the first of them (a fleet that
+    started within the window is not undercounted); 0 with fewer than DRAIN_MIN_TASKS to go by."""
+    row = db.execute("SELECT COUNT(*) AS n, MIN(finished_at) AS first FROM tasks WHERE finished_at >= ?",
+                     (now - window_s,)).fetchone()
+    if row["n"] < DRAIN_MIN_TASKS:
+        return 0.0
+    return row["n"] / max(now - row["first"], 1.0)
+
+
+def _figures(db: Any, now: float, queue_index: str) -> QueueFigures:
+    queued = _queued_by_priority(db, queue_index)
     oldest = db.execute("SELECT MIN(created_at) AS t FROM tasks WHERE status = 'queued'").fetchone()["t"]
     running = db.execute(f"SELECT COUNT(*) AS n FROM tasks WHERE {status_in(HELD)}").fetchone()["n"]
     ended = {}
@@ -103,6 +124,9 @@ def _figures(db: Any, now: float, queue_index: str) -> QueueFigures:
             "SELECT status, COUNT(*) AS n FROM tasks WHERE finished_at >= ? GROUP BY status", (now - window,))}
         ended[str(window)] = {"succeeded": counts.get("succeeded", 0), "failed": counts.get("failed", 0)}
     workers = {r["status"]: r["n"] for r in db.execute("SELECT status, COUNT(*) AS n FROM workers GROUP BY status")}
-    return QueueFigures(queued_by_priority=by_priority, queued=sum(by_priority.values()),
+    drain = _drain_rate(db, now, DRAIN_WINDOW_S)
+    waits = {str(p): round(w, 1) for p in queued if (w := queue_wait_s(queued, p, 0, drain)) is not None}
+    return QueueFigures(queued_by_priority={str(p): n for p, n in queued.items()}, queued=sum(queued.values()),
                         oldest_queued_age_s=None if oldest is None else round(now - oldest, 3), running=running,
-                        ended_last_s=ended, workers_by_status=workers)
+                        ended_last_s=ended, workers_by_status=workers, drain_per_s=round(drain, 2),
+                        wait_s_by_priority=waits)

@@ -90,7 +90,7 @@ class FakeStore:
             raise error
 
         self.reclaimed = {}
-        self.tasks = SimpleNamespace(get=fails, submit=fails, queued_count=lambda: 0)
+        self.tasks = SimpleNamespace(get=fails, submit=fails, queued_by_priority=dict, drain_rate=lambda: 0.0)
         self.workers = SimpleNamespace(heartbeat=fails, fleet_limits=lambda: [])
         self.reports = SimpleNamespace(cancel=fails)
 

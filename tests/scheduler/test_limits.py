@@ -33,10 +33,10 @@ def test_the_client_is_its_token_digest_or_its_address():
 
 
 def test_retry_after_follows_the_recent_pace():
-    assert retry_after_s(excess=10, ended_last_minute=120) == 5  # two a second: 10 in 5 s
-    assert retry_after_s(excess=1, ended_last_minute=6000) == 1
-    assert retry_after_s(excess=10**6, ended_last_minute=1) == 300  # capped
-    assert retry_after_s(excess=5, ended_last_minute=0) == IDLE_FLEET_RETRY_S
+    assert retry_after_s(excess=10, drain_per_s=2.0) == 5  # two a second: 10 in 5 s
+    assert retry_after_s(excess=1, drain_per_s=100.0) == 1
+    assert retry_after_s(excess=10**6, drain_per_s=0.1) == 3600  # capped
+    assert retry_after_s(excess=5, drain_per_s=0.0) == IDLE_FLEET_RETRY_S
 
 
 def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
@@ -51,19 +51,52 @@ def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
         assert other.status_code == 201  # auth is off, but a token still names another client
 
 
+def ended_at_a_pace(http, store, clock, n: int = 10, every_s: float = 2.0) -> None:
+    """n tasks end, one every `every_s` by the store's clock: a drain of 1 / every_s per second."""
+    wid, _ = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
+    for _ in range(n):
+        http.post("/v1/tasks", json={"input": {"prompt": "done"}})
+        (lease,) = store.claims.claim(wid, 1)
+        store.reports.report(lease.task_id, Report(worker_id=wid, lease_token=lease.lease_token, status="succeeded",
+                                                   result=TaskResult(uri="u", content_type="image/png", width=1,
+                                                                     height=1, seed=1, bytes=1, sha256="0")))
+        clock.now += every_s
+
+
 def test_a_full_queue_is_429_with_a_retry_after_from_the_recent_pace(make_store, clock):
     store = make_store()
-    wid, _ = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
-    with TestClient(create_app(store, ApiConfig(max_queued=3))) as http:
-        for _ in range(6):  # six tasks end within the minute: a pace of 6 a minute
-            http.post("/v1/tasks", json={"input": {"prompt": "done"}})
-            (lease,) = store.claims.claim(wid, 1)
-            store.reports.report(lease.task_id, Report(worker_id=wid, lease_token=lease.lease_token, status="succeeded",
-                                                       result=TaskResult(uri="u", content_type="image/png", width=1,
-                                                                         height=1, seed=1, bytes=1, sha256="0")))
+    with TestClient(create_app(store, ApiConfig(max_queued=3, admission_read_s=0))) as http:
+        ended_at_a_pace(http, store, clock)  # ten in 20 s: 0.5 a second
         for _ in range(3):
             assert http.post("/v1/tasks", json={"input": {"prompt": "q"}}).status_code == 201
         refused = http.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "q"}}] * 2})
         assert refused.status_code == 429
-        assert refused.headers["retry-after"] == "20"  # 2 over the limit at 6 a minute
+        assert refused.headers["retry-after"] == "4"  # 2 over the limit at 0.5 a second
         assert "queue is full (3 queued, limit 3)" in refused.json()["detail"]
+
+
+def test_a_task_that_would_wait_past_the_bound_is_429_with_the_wait_of_the_tasks_ahead(make_store, clock):
+    store = make_store()
+    with TestClient(create_app(store, ApiConfig(max_queue_wait_s=10, admission_read_s=0))) as http:
+        ended_at_a_pace(http, store, clock)  # 0.5 a second: a task waits 2 s per task ahead of it, and itself
+        codes = [http.post("/v1/tasks", json={"input": {"prompt": f"{i}"}}).status_code for i in range(6)]
+        assert codes == [201] * 5 + [429]  # the sixth would wait 12 s
+        refused = http.post("/v1/tasks", json={"input": {"prompt": "late"}})
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "10"  # 5 ahead drain in 10 s
+        assert "would wait about 12s, over the limit of 10s" in refused.json()["detail"]
+        # A higher priority waits behind its own lane and those above it only.
+        assert http.post("/v1/tasks", json={"input": {"prompt": "urgent"}, "priority": 5}).status_code == 201
+        figures = http.get("/v1/queue").json()
+        assert figures["drain_per_s"] == 0.5 and figures["wait_s_by_priority"] == {"0": 12.0, "5": 2.0}
+        metrics = http.get("/metrics").text
+        assert "dit_scheduler_drain_per_second 0.5" in metrics
+        assert 'dit_scheduler_queue_wait_estimate_seconds{priority="5"} 2.0' in metrics
+        assert 'dit_scheduler_submissions_total{result="refused"} 2.0' in metrics
+
+
+def test_no_wait_bound_until_enough_tasks_have_ended_to_measure_a_pace(make_store, clock):
+    store = make_store()
+    with TestClient(create_app(store, ApiConfig(max_queue_wait_s=1, admission_read_s=0))) as http:
+        ended_at_a_pace(http, store, clock, n=9)  # one short of a measured pace
+        assert all(http.post("/v1/tasks", json={"input": {"prompt": f"{i}"}}).status_code == 201 for i in range(20))
+        assert http.get("/v1/queue").json()["drain_per_s"] == 0.0

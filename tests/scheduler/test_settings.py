@@ -89,6 +89,7 @@ FLAG_FIELDS = [
     (["--lease-ttl", "15"], "store.lease_ttl_s", 15.0),
     (["--max-attempts", "5"], "store.max_attempts", 5),
     (["--max-queued", "3"], "api.max_queued", 3),
+    (["--max-queue-wait", "20"], "api.max_queue_wait_s", 20.0),
     (["--rate-limit", "2.5"], "api.rate_limit", 2.5),
     (["--rate-burst", "4"], "api.rate_burst", 4.0),
     (["--max-wait", "30"], "api.max_wait_s", 30.0),
@@ -123,5 +124,6 @@ def test_every_flag_of_before_is_still_there_and_tested():
               "--rate-burst", "--max-wait", "--db-pool", "--worker-liveness", "--worker-retention", "--retention",
               "--remove-expired-results", "--webhook-allow", "--webhook-secret-env", "--worker-tokens-env",
               "--client-tokens-env", "--admit-unservable", "--results-root", "--log-level", "--log-format"}
-    assert {f.name for f in FLAGS} == before == {argv[0] for argv, _, _ in FLAG_FIELDS}
+    added = {"--max-queue-wait"}  # since
+    assert {f.name for f in FLAGS} == before | added == {argv[0] for argv, _, _ in FLAG_FIELDS}
     assert not any(vars(parse_args([]))[f.name[2:].replace("-", "_")] for f in FLAGS)  # none given: the file's
