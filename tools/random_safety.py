@@ -65,6 +65,18 @@ def make_vit_classifier(out_dir: str | Path, size: str = "tiny", labels=("normal
     return out
 
 
+def bench_overrides(models: Path) -> list[str]:
+    """Worker config overrides for base-size detoxify and ViT with random weights (built in
+    `models`), thresholds that flag nothing: their cost, not their verdicts, is what a benchmark
+    needs."""
+    ckpt = make_detoxify_checkpoint(models / "detoxify", size="base")
+    vit = make_vit_classifier(models / "vit", size="base")
+    return ["safety.text.backend=detoxify", f"safety.text.detoxify.checkpoint={ckpt}",
+            f"safety.text.detoxify.huggingface_config_path={Path(ckpt).parent}",
+            "safety.text.detoxify.model_type=original", "safety.text.detoxify.thresholds={ toxicity = 1.0 }",
+            "safety.image.backend=hf", f"safety.image.hf.model={vit}", "safety.image.hf.threshold=1.0"]
+
+
 def _wordpiece_tokenizer(corpus: list[str], max_length: int):
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertTokenizerFast

@@ -44,6 +44,7 @@ from tools.bench import phases
 from tools.bench.figures import ratios, transformer_config, transformer_flop, with_tflops
 from tools.bench.plot import plot
 from tools.bench.progress import Interrupted, Progress, on_sigterm
+from tools.random_safety import bench_overrides
 from worker.config import load_config
 from worker.model import speed
 from worker.ranks.distributed import pick_device
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--profile: profiles the optimised engine; add optimised to --phases")
     overrides = list(args.set)
     if args.random_weights:
-        overrides += [f"model.random_arch={args.random_weights}", *_random_safety(args.out / "models")]
+        overrides += [f"model.random_arch={args.random_weights}", *bench_overrides(args.out / "models")]
     cfg = load_config(args.config, overrides)
     device = pick_device(cfg.model.device, local_rank=0, dtype=cfg.model.dtype)
     report: dict = {"device": _describe(device), "torch": torch.__version__, "config": args.config,
@@ -228,19 +229,6 @@ def sweep(args, overrides: list[str], jobs: list, device: torch.device, flops: f
         elif not label.startswith(" "):
             current = trial
     return rows
-
-
-def _random_safety(models: Path) -> list[str]:
-    """Base-size detoxify and ViT with random weights, thresholds that flag nothing: their cost, not
-    their verdicts, is what the benchmark needs."""
-    from tools.random_safety import make_detoxify_checkpoint, make_vit_classifier
-
-    ckpt = make_detoxify_checkpoint(models / "detoxify", size="base")
-    vit = make_vit_classifier(models / "vit", size="base")
-    return ["safety.text.backend=detoxify", f"safety.text.detoxify.checkpoint={ckpt}",
-            f"safety.text.detoxify.huggingface_config_path={Path(ckpt).parent}",
-            "safety.text.detoxify.model_type=original", "safety.text.detoxify.thresholds={ toxicity = 1.0 }",
-            "safety.image.backend=hf", f"safety.image.hf.model={vit}", "safety.image.hf.threshold=1.0"]
 
 
 def _describe(device: torch.device) -> str:
