@@ -122,6 +122,9 @@ class SpeedConfig(Section):
 
     compile: bool = Field(False, description="torch.compile the transformer")
     compile_vae: bool = Field(False, description="torch.compile the VAE decoder")
+    # T5-XXL and CLIP see one fixed shape (max_sequence_length and 77 tokens, one prompt a call), so
+    # one compile each; eager they are bound by kernel launches, not by the GPU.
+    compile_text: bool = Field(False, description="torch.compile the text encoders (T5, CLIP)")
     compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = "default"
     # model: the whole transformer, one graph. blocks: each repeated block (diffusers
     # compile_repeated_blocks): the 57 blocks share the compile of their two kinds, so far less

@@ -68,7 +68,7 @@ class Engine:
         tlog.disable_progress_bar()
         t0 = time.perf_counter()
         compile_cache = None
-        if speed_cfg.compile_cache_dir and (speed_cfg.compile or speed_cfg.compile_vae):
+        if speed_cfg.compile_cache_dir and (speed_cfg.compile or speed_cfg.compile_vae or speed_cfg.compile_text):
             compile_cache = CompileCache.open(speed_cfg.compile_cache_dir, device)  # before anything compiles
         pipe = load_pipeline(cfg, device)
         speed.place(pipe, speed_cfg, device)
@@ -146,6 +146,9 @@ class Engine:
         embeds, pooled, _ = self.pipe.encode_prompt(
             prompt=prompt, prompt_2=None, device=self.pipe._execution_device,
             max_sequence_length=self.cfg.max_sequence_length)
+        # Copies: a text encoder compiled with CUDA graphs overwrites its outputs on the next call,
+        # and these outlive it (the cache, a batch's other prompts). 2 MB, microseconds.
+        embeds, pooled = embeds.clone(), pooled.clone()
         if self._cache_size:
             self._cache[prompt] = (embeds, pooled)
             if len(self._cache) > self._cache_size:

@@ -39,8 +39,8 @@ def check(cfg: SpeedConfig, parallel: ParallelConfig, device: torch.device, worl
             raise SpeedConfigError("speed.fp8: needs torchao (pip install 'dit-worker[fp8]')")
     if cfg.offload != "none" and not cuda:
         raise SpeedConfigError("speed.offload: needs a CUDA device")
-    if cfg.compile_mode != "default" and not (cfg.compile or cfg.compile_vae):
-        raise SpeedConfigError("speed.compile_mode: set speed.compile or speed.compile_vae as well")
+    if cfg.compile_mode != "default" and not (cfg.compile or cfg.compile_vae or cfg.compile_text):
+        raise SpeedConfigError("speed.compile_mode: set speed.compile, speed.compile_vae or speed.compile_text as well")
     if cfg.compile_scope != "model" and not cfg.compile:
         raise SpeedConfigError("speed.compile_scope: set speed.compile as well")
     if cfg.attention_backend:
@@ -152,4 +152,8 @@ def after_parallel(pipe, cfg: SpeedConfig, fullgraph: bool = True) -> list[str]:
     if cfg.compile_vae:
         pipe.vae.decoder.compile(dynamic=False, mode=cfg.compile_mode)
         done.append("compiled VAE decoder")
+    if cfg.compile_text:
+        for encoder in (pipe.text_encoder, pipe.text_encoder_2):
+            encoder.compile(dynamic=False, mode=cfg.compile_mode)
+        done.append("compiled text encoders")
     return done

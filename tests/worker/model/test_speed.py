@@ -68,3 +68,15 @@ def test_regional_compile_wraps_each_repeated_block_and_not_the_whole(tiny_model
     blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
     assert all(b._compiled_call_impl is not None for b in blocks)  # compiled when first called
     assert transformer._compiled_call_impl is None and transformer.x_embedder._compiled_call_impl is None
+
+
+def test_compile_text_wraps_both_text_encoders_and_copies_what_it_caches(tiny_model):
+    engine = Engine.load(model(tiny_model), torch.device("cpu"), SpeedConfig(compile_text=True, prompt_cache_size=4))
+    assert engine.pipe.text_encoder._compiled_call_impl is not None
+    assert engine.pipe.text_encoder_2._compiled_call_impl is not None
+    assert engine.pipe.transformer._compiled_call_impl is None  # only what was asked
+    # A CUDA-graphed encoder reuses its output buffers: the cache must hold copies.
+    out = torch.zeros(1, 64, 32), torch.zeros(1, 32)
+    engine.pipe.encode_prompt = lambda **kw: (*out, None)
+    embeds, pooled = engine._embed("a kite")
+    assert embeds.data_ptr() != out[0].data_ptr() and pooled.data_ptr() != out[1].data_ptr()
