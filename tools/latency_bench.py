@@ -99,6 +99,16 @@ def summarise(samples: list[dict]) -> dict:
     }
 
 
+def model_overrides(args: argparse.Namespace, work: Path) -> list[str]:
+    """--random-weights: the full-size architecture and base-size safety models, random weights
+    (speed does not depend on the values); else --model as model.source, if given."""
+    if args.random_weights:
+        from tools.random_safety import bench_overrides
+
+        return [f"model.random_arch={args.random_weights}", *bench_overrides(work / "models")]
+    return ["model.source=" + str(Path(args.model).resolve())] if args.model else []
+
+
 def run(args: argparse.Namespace, work: Path) -> dict:
     width, height = (int(v) for v in args.size.split("x"))
     port = free_port()
@@ -108,8 +118,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     try:
         worker = start_worker(Path(args.config).resolve(), 1, work / "worker.log", overrides=[
             f"queue.url={url}", "storage.kind=local", f"storage.local.root={work / 'images'}", "ops.port=0",
-            f"warmup.sizes=[[{width}, {height}]]", *(["model.source=" + str(Path(args.model).resolve())]
-                                                      if args.model else []), *args.set])
+            f"warmup.sizes=[[{width}, {height}]]", *model_overrides(args, work), *args.set])
         with httpx.Client(base_url=url, timeout=150.0) as http:
             wait_until(lambda: [w for w in http.get("/v1/workers").json() if w["status"] == "ready"],
                        args.ready_timeout, "the worker to be ready", proc=worker)
@@ -124,7 +133,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         if worker is not None:
             worker.stop(timeout=60)
         scheduler.stop()
-    return {"config": args.config, "size": args.size, "format": args.format or "the config's default",
+    return {"config": args.config, "random_weights": args.random_weights, "size": args.size,
+            "format": args.format or "the config's default",
             "machine": platform.processor() or platform.machine(), "set": args.set, **summarise(samples)}
 
 
@@ -146,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/tiny.toml")
     p.add_argument("--model", default="models/tiny-flux", help="model.source; empty: the config's")
+    p.add_argument("--random-weights", nargs="?", const="flux.1-schnell", default=None, metavar="ARCH",
+                   help="build ARCH (default flux.1-schnell) and base-size safety models with random weights; "
+                        "--model is ignored")
     p.add_argument("--size", default="1360x768")
     p.add_argument("--format", default=None, help="output_format; default: the config's default")
     p.add_argument("--requests", type=int, default=30)

@@ -29,6 +29,21 @@ def test_the_parts_add_up_to_the_overhead_with_the_overlapped_stages_counted_onc
     assert sum(parts.values()) == pytest.approx(overhead)
 
 
+def test_random_weights_build_the_architecture_and_the_safety_models_and_ignore_model(tmp_path, monkeypatch):
+    import argparse
+
+    from tools import random_safety
+
+    monkeypatch.setattr(random_safety, "bench_overrides", lambda models: [f"safety.built_in={models}"])
+    args = argparse.Namespace(random_weights="flux.1-schnell", model="models/tiny-flux")
+    assert latency_bench.model_overrides(args, tmp_path) == [
+        "model.random_arch=flux.1-schnell", f"safety.built_in={tmp_path / 'models'}"]
+    args.random_weights = None
+    assert latency_bench.model_overrides(args, tmp_path)[0].startswith("model.source=/")
+    args.model = ""
+    assert latency_bench.model_overrides(args, tmp_path) == []
+
+
 def test_a_run_against_a_real_worker_reports_the_overhead_and_its_parts(tmp_path, tiny_model, capsys):
     out = tmp_path / "latency.json"
     argv = ["--model", str(tiny_model), "--requests", "3", "--warmup", "1", "--size", "256x256", "--out", str(out)]
