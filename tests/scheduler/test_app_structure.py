@@ -126,3 +126,12 @@ def test_a_store_error_from_any_route_is_one_status_with_the_stores_message(erro
     with TestClient(create_app(FakeStore(error), ApiConfig(sweep_interval_s=3600))) as http:
         resp = http.request(method, path, json=body)
     assert (resp.status_code, resp.json()) == (code, {"detail": str(error)})
+
+
+def test_fastapis_own_opentelemetry_is_off_so_no_request_asks_for_providers():
+    app = create_app(FakeStore())
+    telemetry = getattr(app, "_native_telemetry", None)
+    if telemetry is None:
+        pytest.skip("this FastAPI has no native telemetry")
+    assert not any(telemetry.config[k] for k in ("tracing", "metrics", "logs"))
+    assert not telemetry.enabled()
