@@ -27,6 +27,12 @@ def services_of(request: Request) -> Services:
     return getattr(request.state, SERVICES)
 
 
+async def services(request: Request) -> Services:
+    """All of them as one dependency, for the routes a fleet calls per task (submit, lease,
+    heartbeat, reports): FastAPI's per-request cost grows with each dependency it solves."""
+    return services_of(request)
+
+
 async def store_of(request: Request) -> Store:
     return services_of(request).store
 
@@ -76,6 +82,7 @@ async def status_page_of(request: Request) -> Cached[str]:
     return services_of(request).status_page
 
 
+ServicesDep = Annotated[Services, Depends(services)]
 StoreDep = Annotated[Store, Depends(store_of)]
 StoreCall = Annotated[AsyncCall, Depends(store_call)]
 TasksDep = Annotated[Tasks, Depends(tasks_role)]

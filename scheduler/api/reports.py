@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 
 from protocol import FINAL_STATUSES, Report, ReportBatch, ReportOutcome, ReportOutcomes, TaskView
 from scheduler.api.auth import worker_auth
-from scheduler.api.deps import MetricsDep, ReportsDep, WaitersDep, WatchDep
+from scheduler.api.deps import ServicesDep
 from scheduler.api.errors import status_of
 from scheduler.store import Cancelled, Conflict, NotFound
 
@@ -14,12 +14,12 @@ router = APIRouter(tags=["workers"], dependencies=[Depends(worker_auth)])
 
 
 @router.post("/v1/reports", response_model=ReportOutcomes)
-async def report_batch(body: ReportBatch, reports: ReportsDep, metrics: MetricsDep, waiters: WaitersDep,
-                       watch: WatchDep) -> ReportOutcomes:
+async def report_batch(body: ReportBatch, svc: ServicesDep) -> ReportOutcomes:
     """Several tasks' reports in one call, each applied on its own and atomically: the
     answer holds, per report, the status code its single call would have had."""
+    metrics, waiters, watch = svc.metrics, svc.waiters, svc.watch
     items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in body.reports]
-    outcomes = await reports.areport_many(items)
+    outcomes = await svc.store.reports.areport_many(items)
     results = []
     for (task_id, rep), out in zip(items, outcomes):
         metrics.reports.labels(rep.status, _outcome(out)).inc()
@@ -35,10 +35,10 @@ async def report_batch(body: ReportBatch, reports: ReportsDep, metrics: MetricsD
 
 @router.post("/v1/tasks/{task_id}/report", response_model=TaskView,
              responses={404: {}, 409: {"description": "stale lease token"}})
-async def report(task_id: str, body: Report, reports: ReportsDep, metrics: MetricsDep, waiters: WaitersDep,
-                 watch: WatchDep) -> TaskView:
+async def report(task_id: str, body: Report, svc: ServicesDep) -> TaskView:
+    metrics, waiters, watch = svc.metrics, svc.waiters, svc.watch
     try:
-        task = await reports.areport(task_id, body)
+        task = await svc.store.reports.areport(task_id, body)
     except (NotFound, Conflict) as e:  # counted here, answered by the app's handler (errors.py)
         metrics.reports.labels(body.status, _outcome(e)).inc()
         if _ended(e):

@@ -21,6 +21,7 @@ from protocol import (
 from scheduler.api.auth import client_auth
 from scheduler.api.deps import (
     AdmissionDep,
+    ServicesDep,
     ApiDep,
     MetricsDep,
     ReportsDep,
@@ -36,24 +37,23 @@ router = APIRouter(tags=["clients"], dependencies=[Depends(client_auth)])
 
 @router.post("/v1/tasks", status_code=201, response_model=TaskView,
              responses={200: {"description": "idempotent replay"}, 409: {}, 429: {}})
-async def submit(body: SubmitTask, request: Request, response: Response, tasks: TasksDep, call: StoreCall,
-                 admission: AdmissionDep, metrics: MetricsDep, waiters: WaitersDep, watch: WatchDep, api: ApiDep,
+async def submit(body: SubmitTask, request: Request, response: Response, svc: ServicesDep,
                  prefer: str | None = Header(None, description="`wait=N`: answer once the task ends, "
                                              "or after N seconds (capped) with the task as it stands")) -> TaskView:
-    await admission.check([body], request)
+    await svc.admission.check([body], request)
     try:
-        task, created = await call(tasks.submit, body)
+        task, created = await svc.store.acall(svc.store.tasks.submit, body)
     except Conflict:
-        metrics.submissions.labels("conflict").inc()
+        svc.metrics.submissions.labels("conflict").inc()
         raise
-    metrics.submissions.labels("created" if created else "replayed").inc()
+    svc.metrics.submissions.labels("created" if created else "replayed").inc()
     if created:
-        waiters.notify(1)
+        svc.waiters.notify(1)
     else:
         response.status_code = 200
-    if (wait_s := _preferred_wait(prefer, api.max_wait_s)) is not None:
+    if (wait_s := _preferred_wait(prefer, svc.api.max_wait_s)) is not None:
         response.headers["Preference-Applied"] = f"wait={wait_s:g}"
-        task = await watch.until_ended(task, wait_s)
+        task = await svc.watch.until_ended(task, wait_s)
     return task
 
 

@@ -20,7 +20,7 @@ from protocol import (
     WorkerView,
 )
 from scheduler.api.auth import client_auth, reader_auth, worker_auth
-from scheduler.api.deps import AdmissionDep, ClaimsDep, MetricsDep, ReportsDep, StoreCall, StoreDep, WaitersDep, WorkersDep
+from scheduler.api.deps import AdmissionDep, ServicesDep, StoreDep, WaitersDep, WorkersDep
 from scheduler.store import Reports
 from scheduler.metrics import prometheus_targets
 
@@ -56,19 +56,19 @@ async def metrics_targets(workers: WorkersDep) -> list[dict]:
 
 @router.post("/v1/workers/{worker_id}/lease", response_model=LeaseResponse, dependencies=auth,
              responses={204: {"description": "no work within wait_s"}, 404: {}})
-async def lease(worker_id: str, body: LeaseRequest, request: Request, claims: ClaimsDep, reports: ReportsDep,
-                waiters: WaitersDep, metrics: MetricsDep, admission: AdmissionDep) -> LeaseResponse | Response:
+async def lease(worker_id: str, body: LeaseRequest, request: Request, svc: ServicesDep) -> LeaseResponse | Response:
+    claims, waiters, metrics = svc.store.claims, svc.waiters, svc.metrics
     got = await waiters.poll(lambda: claims.aclaim(worker_id, body.max_tasks), body.wait_s, request.is_disconnected)
     if got and await request.is_disconnected():
         # Its worker gave up on the long poll (a timeout, a restart) while the claim ran: nobody
         # would run these tasks before their lease expired. Back in the queue, the attempt uncounted.
-        await give_back(worker_id, got, reports)
+        await give_back(worker_id, got, svc.store.reports)
         metrics.leases_given_back.inc(len(got))
         waiters.notify(len(got))
         got = []
     if not got:
         return Response(status_code=204)
-    admission.backlog.taken(len(got))
+    svc.admission.backlog.taken(len(got))
     metrics.leases.inc(len(got))
     return LeaseResponse(leases=got)
 
@@ -84,9 +84,8 @@ async def give_back(worker_id: str, got: list[Lease], reports: Reports) -> None:
 
 @router.post("/v1/workers/{worker_id}/heartbeat", response_model=HeartbeatReply, dependencies=auth,
              responses={404: {}})
-async def heartbeat(worker_id: str, body: Heartbeat, workers: WorkersDep, call: StoreCall,
-                    admission: AdmissionDep) -> HeartbeatReply:
-    reply = await call(workers.heartbeat, worker_id, body)
+async def heartbeat(worker_id: str, body: Heartbeat, svc: ServicesDep) -> HeartbeatReply:
+    reply = await svc.store.acall(svc.store.workers.heartbeat, worker_id, body)
     if body.status in ("draining", "drained"):
-        admission.fleet_changed()  # it takes no new tasks: its limits no longer count
+        svc.admission.fleet_changed()  # it takes no new tasks: its limits no longer count
     return reply
