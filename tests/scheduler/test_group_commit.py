@@ -10,6 +10,16 @@ from protocol import Heartbeat, RegisterWorker, SubmitTask
 from scheduler.store import Conflict, NotFound, SQLiteStore
 
 
+def on_loop(store: SQLiteStore, scenario) -> None:
+    """`scenario()` on an event loop that the store groups the calls of, as the app's lifespan does."""
+    async def run():
+        await store.aopen()
+        await scenario()
+        await store.aclose()
+
+    asyncio.run(run())
+
+
 def committed(path) -> int:
     """Tasks another connection sees: what is on disk."""
     with sqlite3.connect(path) as db:
@@ -21,7 +31,6 @@ def test_calls_made_together_share_one_commit_and_are_on_disk_when_they_return(t
     store = SQLiteStore(path)
 
     async def scenario():
-        await store.aopen()
 
         async def submit(i: int) -> int:
             await store.acall(store.tasks.submit, SubmitTask(input={"prompt": f"{i}"}))
@@ -30,9 +39,8 @@ def test_calls_made_together_share_one_commit_and_are_on_disk_when_they_return(t
         seen = await asyncio.gather(*[submit(i) for i in range(20)])
         assert all(n == 20 for n in seen)  # each returned after the one COMMIT of all twenty
         assert store.group_commits == 1
-        await store.aclose()
 
-    asyncio.run(scenario())
+    on_loop(store, scenario)
     store.close()
 
 
@@ -41,7 +49,6 @@ def test_a_call_that_fails_undoes_only_itself(tmp_path):
     store = SQLiteStore(path)
 
     async def scenario():
-        await store.aopen()
         first = SubmitTask(input={"prompt": "a"}, idempotency_key="k")
         await store.acall(store.tasks.submit, first)
         other = SubmitTask(input={"prompt": "other"}, idempotency_key="k")  # the key with another body
@@ -49,9 +56,8 @@ def test_a_call_that_fails_undoes_only_itself(tmp_path):
                                    store.acall(store.tasks.submit, SubmitTask(input={"prompt": "c"})),
                                    return_exceptions=True)
         assert isinstance(out[0], Conflict) and not isinstance(out[1], Exception)
-        await store.aclose()
 
-    asyncio.run(scenario())
+    on_loop(store, scenario)
     store.close()
     with sqlite3.connect(path) as db:  # the refused batch left nothing, not even its first task
         assert sorted(r[0] for r in db.execute("SELECT input FROM tasks")) == ['{"prompt": "a"}', '{"prompt": "c"}']
@@ -61,7 +67,6 @@ def test_reads_in_a_plan_see_the_groups_earlier_writes(tmp_path):
     store = SQLiteStore(tmp_path / "s.db")
 
     async def scenario():
-        await store.aopen()
         reg = RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v")
         wid, _ = await store.acall(store.workers.register, reg)
         # In one turn: the worker says it drained, then a lease of its finds the queue empty and reads
@@ -69,9 +74,8 @@ def test_reads_in_a_plan_see_the_groups_earlier_writes(tmp_path):
         drained = store.acall(store.workers.heartbeat, wid, Heartbeat(status="drained", timestamp=0))
         out = await asyncio.gather(drained, store.claims.aclaim(wid, 1), return_exceptions=True)
         assert isinstance(out[1], NotFound) and "drained" in str(out[1])
-        await store.aclose()
 
-    asyncio.run(scenario())
+    on_loop(store, scenario)
     store.close()
 
 
@@ -80,11 +84,9 @@ def test_threads_calls_commit_on_their_own_while_the_loop_groups(tmp_path):
     store = SQLiteStore(path)
 
     async def scenario():
-        await store.aopen()
         await asyncio.gather(store.acall(store.tasks.submit, SubmitTask(input={"prompt": "loop"})),
                              asyncio.to_thread(store.tasks.submit, SubmitTask(input={"prompt": "thread"})))
-        await store.aclose()
 
-    asyncio.run(scenario())
+    on_loop(store, scenario)
     assert committed(path) == 2 and store.group_commits == 1  # the thread's call was its own transaction
     store.close()
