@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 
 from protocol import FINAL_STATUSES, Report, ReportBatch, ReportOutcome, ReportOutcomes, TaskView
+from scheduler.api.answer import Answer
 from scheduler.api.auth import worker_auth
 from scheduler.api.deps import ServicesDep
 from scheduler.api.errors import status_of
+from scheduler.api.services import Services
 from scheduler.store import Cancelled, Conflict, NotFound
 
 router = APIRouter(tags=["workers"], dependencies=[Depends(worker_auth)])
 
 
 @router.post("/v1/reports", response_model=ReportOutcomes)
-async def report_batch(body: ReportBatch, svc: ServicesDep) -> ReportOutcomes:
+async def report_batch(body: ReportBatch, svc: ServicesDep) -> Response:
     """Several tasks' reports in one call, each applied on its own and atomically: the
     answer holds, per report, the status code its single call would have had."""
+    return (await report_many(svc, body)).response()
+
+
+async def report_many(svc: Services, body: ReportBatch) -> Answer:
+    """The outcome of each report, in the order given."""
     metrics, waiters, watch = svc.metrics, svc.waiters, svc.watch
     items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in body.reports]
     outcomes = await svc.store.reports.areport_many(items)
@@ -30,12 +37,17 @@ async def report_batch(body: ReportBatch, svc: ServicesDep) -> ReportOutcomes:
     if requeued := sum(r.task is not None and r.task.status == "queued" for r in results):
         waiters.notify(requeued)
     watch.ended(task_id for (task_id, _), out in zip(items, outcomes) if _ended(out))
-    return ReportOutcomes(results=results)
+    return Answer.of(ReportOutcomes(results=results))
 
 
 @router.post("/v1/tasks/{task_id}/report", response_model=TaskView,
              responses={404: {}, 409: {"description": "stale lease token"}})
-async def report(task_id: str, body: Report, svc: ServicesDep) -> TaskView:
+async def report(task_id: str, body: Report, svc: ServicesDep) -> Response:
+    return (await report_one(svc, task_id, body)).response()
+
+
+async def report_one(svc: Services, task_id: str, body: Report) -> Answer:
+    """The task as the report left it; 404 or 409 (the store's errors) when refused."""
     metrics, waiters, watch = svc.metrics, svc.waiters, svc.watch
     try:
         task = await svc.store.reports.areport(task_id, body)
@@ -49,7 +61,7 @@ async def report(task_id: str, body: Report, svc: ServicesDep) -> TaskView:
         watch.ended([task_id])
     if task.status == "queued":  # a retryable failure or a release went back to the queue
         waiters.notify(1)
-    return task
+    return Answer.of(task)
 
 
 def _ended(out: object) -> bool:

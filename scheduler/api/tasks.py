@@ -18,6 +18,7 @@ from protocol import (
     TaskStatus,
     TaskView,
 )
+from scheduler.api.answer import Answer
 from scheduler.api.auth import client_auth
 from scheduler.api.deps import (
     AdmissionDep,
@@ -30,6 +31,7 @@ from scheduler.api.deps import (
     WaitersDep,
     WatchDep,
 )
+from scheduler.api.services import Services
 from scheduler.store import Conflict
 
 router = APIRouter(tags=["clients"], dependencies=[Depends(client_auth)])
@@ -37,9 +39,14 @@ router = APIRouter(tags=["clients"], dependencies=[Depends(client_auth)])
 
 @router.post("/v1/tasks", status_code=201, response_model=TaskView,
              responses={200: {"description": "idempotent replay"}, 409: {}, 429: {}})
-async def submit(body: SubmitTask, request: Request, response: Response, svc: ServicesDep,
+async def submit(body: SubmitTask, request: Request, svc: ServicesDep,
                  prefer: str | None = Header(None, description="`wait=N`: answer once the task ends, "
-                                             "or after N seconds (capped) with the task as it stands")) -> TaskView:
+                                             "or after N seconds (capped) with the task as it stands")) -> Response:
+    return (await submit_one(svc, body, request, prefer)).response()
+
+
+async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: str | None) -> Answer:
+    """201 and the task; 200 for an idempotent replay; with `Prefer: wait=N`, once it ends or N passed."""
     await svc.admission.check([body], request)
     try:
         task, created = await svc.store.acall(svc.store.tasks.submit, body)
@@ -49,12 +56,11 @@ async def submit(body: SubmitTask, request: Request, response: Response, svc: Se
     svc.metrics.submissions.labels("created" if created else "replayed").inc()
     if created:
         svc.waiters.notify(1)
-    else:
-        response.status_code = 200
+    headers: tuple[tuple[str, str], ...] = ()
     if (wait_s := _preferred_wait(prefer, svc.api.max_wait_s)) is not None:
-        response.headers["Preference-Applied"] = f"wait={wait_s:g}"
+        headers = (("Preference-Applied", f"wait={wait_s:g}"),)
         task = await svc.watch.until_ended(task, wait_s)
-    return task
+    return Answer.of(task, 201 if created else 200, headers)
 
 
 @router.post("/v1/tasks/batch", status_code=201, response_model=SubmittedBatch, responses={409: {}, 429: {}})

@@ -19,8 +19,10 @@ from protocol import (
     Report,
     WorkerView,
 )
+from scheduler.api.answer import Answer
 from scheduler.api.auth import client_auth, reader_auth, worker_auth
 from scheduler.api.deps import AdmissionDep, ServicesDep, StoreDep, WaitersDep, WorkersDep
+from scheduler.api.services import Services
 from scheduler.store import Reports
 from scheduler.metrics import prometheus_targets
 
@@ -56,7 +58,12 @@ async def metrics_targets(workers: WorkersDep) -> list[dict]:
 
 @router.post("/v1/workers/{worker_id}/lease", response_model=LeaseResponse, dependencies=auth,
              responses={204: {"description": "no work within wait_s"}, 404: {}})
-async def lease(worker_id: str, body: LeaseRequest, request: Request, svc: ServicesDep) -> LeaseResponse | Response:
+async def lease(worker_id: str, body: LeaseRequest, request: Request, svc: ServicesDep) -> Response:
+    return (await lease_for(svc, worker_id, body, request)).response()
+
+
+async def lease_for(svc: Services, worker_id: str, body: LeaseRequest, request: Request) -> Answer:
+    """Up to max_tasks leases, waiting up to wait_s for work; 204 when none came."""
     claims, waiters, metrics = svc.store.claims, svc.waiters, svc.metrics
     got = await waiters.poll(lambda: claims.aclaim(worker_id, body.max_tasks), body.wait_s, request.is_disconnected)
     if got and await request.is_disconnected():
@@ -67,10 +74,10 @@ async def lease(worker_id: str, body: LeaseRequest, request: Request, svc: Servi
         waiters.notify(len(got))
         got = []
     if not got:
-        return Response(status_code=204)
+        return Answer(204)
     svc.admission.backlog.taken(len(got))
     metrics.leases.inc(len(got))
-    return LeaseResponse(leases=got)
+    return Answer.of(LeaseResponse(leases=got))
 
 
 async def give_back(worker_id: str, got: list[Lease], reports: Reports) -> None:
@@ -84,8 +91,13 @@ async def give_back(worker_id: str, got: list[Lease], reports: Reports) -> None:
 
 @router.post("/v1/workers/{worker_id}/heartbeat", response_model=HeartbeatReply, dependencies=auth,
              responses={404: {}})
-async def heartbeat(worker_id: str, body: Heartbeat, svc: ServicesDep) -> HeartbeatReply:
+async def heartbeat(worker_id: str, body: Heartbeat, svc: ServicesDep) -> Response:
+    return (await heartbeat_of(svc, worker_id, body)).response()
+
+
+async def heartbeat_of(svc: Services, worker_id: str, body: Heartbeat) -> Answer:
+    """The leases renewed, those lost and those cancelled."""
     reply = await svc.store.acall(svc.store.workers.heartbeat, worker_id, body)
     if body.status in ("draining", "drained"):
         svc.admission.fleet_changed()  # it takes no new tasks: its limits no longer count
-    return reply
+    return Answer.of(reply)
