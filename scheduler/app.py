@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from scheduler.api import background, errors, ops, reports, status, tasks, workers
 from scheduler.api.body_limit import BodyLimit
+from scheduler.api.hot import HotPath
 from scheduler.api.deps import SERVICES
 from scheduler.api.services import Services
 from scheduler.config import ApiConfig, Secrets
@@ -35,14 +36,16 @@ def create_app(store: Store, api: ApiConfig = ApiConfig(), secrets: Secrets = Se
         await store.aclose()
 
     app = FastAPI(title="dit-worker reference scheduler", version="1", lifespan=lifespan, **_no_telemetry())
-    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
-    app.add_middleware(RequestTimer, metrics=metrics)  # outermost: a 413 is timed too
     errors.install(app)
     for router in ROUTERS:
         # The routers' routes, not the routers: FastAPI (0.165) walks an included router anew on
         # every request, some 40 us more per call, leases and reports too. (app.dependency_overrides
         # do not reach these routes; tests give the app a store of their own instead.)
         app.router.routes.extend(router.routes)
+    if api.hot_path:
+        app.add_middleware(HotPath, fastapi=app)  # innermost: timed and body-limited like any call
+    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes)
+    app.add_middleware(RequestTimer, metrics=metrics)  # outermost: a 413 is timed too
     return app
 
 

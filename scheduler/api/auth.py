@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 from scheduler.api.deps import services_of
 
@@ -22,9 +23,7 @@ def _bearer_checker(*tokens_of: str):
     async def check(request: Request, cred: Bearer) -> None:
         secrets = services_of(request).secrets  # not a dependency of its own: one fewer to solve per call
         tokens: frozenset[str] = frozenset().union(*(getattr(secrets, t) for t in tokens_of))
-        if not tokens:
-            return
-        if cred is None or not _known(cred.credentials, tokens):
+        if not admits(tokens, cred.credentials if cred else None):
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token",
                                 headers={"WWW-Authenticate": "Bearer"})
 
@@ -52,6 +51,20 @@ async def page_auth(request: Request) -> None:
     if not given or not _known(given, tokens):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a client token is needed (any user name, the token "
                             "as password)", headers={"WWW-Authenticate": 'Basic realm="dit-scheduler"'})
+
+
+def admits(tokens: frozenset[str], credentials: str | None) -> bool:
+    """Whether a bearer token is one of `tokens` (none: auth is off)."""
+    return not tokens or (credentials is not None and _known(credentials, tokens))
+
+
+def bearer_credentials(authorization: str | None) -> str | None:
+    """A bearer token as FastAPI's HTTPBearer reads it from the Authorization header, for the hot
+    path (scheduler/api/hot.py), which must admit exactly whom the routes' checks admit."""
+    scheme, credentials = get_authorization_scheme_param(authorization)
+    if not (authorization and scheme and credentials) or scheme.lower() != "bearer":
+        return None
+    return credentials
 
 
 def _known(given: str, tokens: frozenset[str]) -> bool:
