@@ -49,7 +49,7 @@ async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: 
     """201 and the task; 200 for an idempotent replay; with `Prefer: wait=N`, once it ends or N passed."""
     await svc.admission.check([body], request)
     try:
-        task, created = await svc.store.acall(svc.store.tasks.submit, body)
+        task, created = await svc.store.tasks.asubmit(body)
     except Conflict:
         svc.metrics.submissions.labels("conflict").inc()
         raise

@@ -42,6 +42,9 @@ class Tasks(Protocol):
     def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
         """(task, created). A repeated idempotency key returns the first task."""
 
+    async def asubmit(self, req: SubmitTask) -> tuple[TaskView, bool]:
+        """submit, from the event loop."""
+
     def submit_many(self, reqs: list[SubmitTask]) -> list[tuple[TaskView, bool]]:
         """All in one transaction, or none."""
 

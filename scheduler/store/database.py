@@ -73,6 +73,11 @@ class Database:
     def _notify(self, db: Any, n: int) -> None:
         """Tells other scheduler processes that n tasks may be waiting (at commit)."""
 
+    def _announced(self, insert: str) -> str:
+        """An INSERT ... RETURNING that also tells other scheduler processes of each task it made,
+        in the same statement (at its commit)."""
+        return insert
+
     def _maintenance_lock(self, db: Any) -> bool:
         """False when another process is running maintenance right now."""
         return True

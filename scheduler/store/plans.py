@@ -1,4 +1,4 @@
-"""Statements as values. The hot paths (claim, a round's reports) are written once as plans:
+"""Statements as values. The hot paths (submit, claim, a round's reports) are written once as plans:
 generators that yield their statements and receive the rows. database.py carries them out on
 blocking connections (tests, tools, SQLite) or inside one transaction; postgres.py also on the event
 loop, without a thread (psycopg's async pool)."""

@@ -6,11 +6,12 @@ behind a load balancer sharing one database and coordinating through it alone.
   task's row (its UPDATE, or a failure's locked read).
 - The schema comes from the numbered files in migrations/ (schema.py, as for SQLite), applied at
   start under an advisory lock (schedulers starting together apply each once).
-- The request path's hot calls (claim, reports) run on the app's event loop through psycopg's
-  async pool (each step one round trip; a round's reports pipelined by executemany); the others
-  use the blocking pool from the app's thread pool. Pool connections are in autocommit.
-- New work is announced with NOTIFY on commit: every scheduler process LISTENs and wakes its own
-  long-polling lease requests (at most as many as the tasks), besides their poll_s fallback.
+- The request path's hot calls (submit, claim, reports) run on the app's event loop through
+  psycopg's async pool (each step one round trip; a round's reports pipelined by executemany); the
+  others use the blocking pool from the app's thread pool. Pool connections are in autocommit.
+- New work is announced with NOTIFY on commit, a submit's in its INSERT statement: every scheduler
+  process LISTENs and wakes its own long-polling lease requests (at most as many as the tasks),
+  besides their poll_s fallback.
 - Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
 """
 
@@ -100,6 +101,11 @@ class PostgresStore(SQLStore):
     def _notify(self, db: Any, n: int) -> None:
         if n > 0:
             db.execute("SELECT pg_notify(?, ?)", (CHANNEL, f"{self.instance}:{n}"))
+
+    def _announced(self, insert: str) -> str:
+        # A data-modifying CTE always runs; the SELECT over its rows sends one NOTIFY per task made
+        # (none when the INSERT yielded to an idempotency key). The payload is this process's id.
+        return f"WITH made AS ({insert}) SELECT made.*, pg_notify('{CHANNEL}', '{self.instance}:1') AS notified FROM made"
 
     def _maintenance_lock(self, db: Any) -> bool:
         return db.execute("SELECT pg_try_advisory_xact_lock(?) AS ok", (MAINTENANCE_LOCK,)).fetchone()["ok"]

@@ -11,6 +11,7 @@ from scheduler.store.base import Conflict
 from scheduler.store.database import Database, task_row
 from scheduler.drain import DRAIN_MIN_TASKS, DRAIN_WINDOW_S, queue_wait_s
 from scheduler.store.lifecycle import ENDED, HELD, INITIAL, status_in
+from scheduler.store.plans import Plan, Read, Write
 
 
 class SQLTasks:
@@ -19,31 +20,46 @@ class SQLTasks:
 
     def submit(self, req: SubmitTask) -> tuple[TaskView, bool]:
         """Returns (task, created). A repeated idempotency key returns the first task."""
-        [(view, created)] = self.submit_many([req])
-        return view, created
+        return self._store._run(self._submit(req, self._store.clock()))
+
+    async def asubmit(self, req: SubmitTask) -> tuple[TaskView, bool]:
+        """submit from the event loop: on PostgreSQL without a thread (psycopg's async pool)."""
+        return await self._store._arun(self._submit(req, self._store.clock()))
 
     def submit_many(self, reqs: list[SubmitTask]) -> list[tuple[TaskView, bool]]:
         """Every task in one transaction: all are stored, or none (a Conflict names the key)."""
         now = self._store.clock()
         with self._store._tx() as db:
-            out = [self._insert(db, req, now) for req in reqs]
+            out = [self._store._run_in(db, self._submit(req, now, announce=False)) for req in reqs]
             self._store._notify(db, sum(created for _, created in out))
         return out
 
-    def _insert(self, db: Any, req: SubmitTask, now: float) -> tuple[TaskView, bool]:
-        if req.idempotency_key is not None:
-            row = db.execute("SELECT * FROM tasks WHERE idempotency_key = ?", (req.idempotency_key,)).fetchone()
+    def _submit(self, req: SubmitTask, now: float, announce: bool = True) -> Plan:
+        """One INSERT that yields to an idempotency key already used (ON CONFLICT DO NOTHING): one
+        round trip, its NOTIFY in the same statement on PostgreSQL; the first task read back when
+        the key was taken. Two submits racing with one key: one inserts, the other reads it."""
+        row = None
+        for _ in range(2):  # the first task of a key expired and was removed between the two steps
+            rows = yield Write(*self._insert(req, now, announce))
+            if rows:
+                return self._store.view(rows[0]), True
+            row = next(iter((yield Read("SELECT * FROM tasks WHERE idempotency_key = ?", (req.idempotency_key,)))),
+                       None)
             if row is not None:
-                if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
-                    raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
-                return self._store.view(row), False
-        row = db.execute(
-            "INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts,"
-            " created_at, updated_at, webhook) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
-            (uuid.uuid4().hex, req.idempotency_key, json.dumps(req.input, sort_keys=True), req.priority, INITIAL,
-             req.max_attempts or self._store.max_attempts, now, now,
-             req.webhook.model_dump_json() if req.webhook else None)).fetchone()
-        return self._store.view(row), True
+                break
+        if row is None:
+            raise Conflict(f"idempotency_key {req.idempotency_key!r} is being reused as its task is removed; retry")
+        if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
+            raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
+        return self._store.view(row), False
+
+    def _insert(self, req: SubmitTask, now: float, announce: bool) -> tuple[str, tuple]:
+        sql = ("INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts, created_at, updated_at,"
+               " webhook) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING *")
+        args = (uuid.uuid4().hex, req.idempotency_key, json.dumps(req.input, sort_keys=True), req.priority, INITIAL,
+                req.max_attempts or self._store.max_attempts, now, now,
+                req.webhook.model_dump_json() if req.webhook else None)
+        return (self._store._announced(sql) if announce else sql), args
 
     def get(self, task_id: str) -> TaskView:
         return self._store.view(task_row(self._store._read(), task_id))

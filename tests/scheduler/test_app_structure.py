@@ -90,12 +90,13 @@ class FakeStore:
             raise error
 
         self.reclaimed = {}
-        self.tasks = SimpleNamespace(get=fails, submit=fails, queued_by_priority=dict, drain_rate=lambda: 0.0)
-        self.workers = SimpleNamespace(heartbeat=fails, fleet_limits=lambda: [])
-        self.reports = SimpleNamespace(cancel=fails)
-
         async def afails(*args):
             raise error
+
+        self.tasks = SimpleNamespace(get=fails, submit=fails, asubmit=afails, queued_by_priority=dict,
+                                     drain_rate=lambda: 0.0)
+        self.workers = SimpleNamespace(heartbeat=fails, fleet_limits=lambda: [])
+        self.reports = SimpleNamespace(cancel=fails)
 
         self.claims = SimpleNamespace(aclaim=afails)
 

@@ -192,6 +192,21 @@ def test_idempotency_key_replays_and_conflicts(store):
         store.tasks.submit(SubmitTask(input={"prompt": "other"}, idempotency_key="k1"))
 
 
+def test_two_submits_racing_with_one_key_make_one_task_and_the_later_replays_it(store):
+    """The later one's INSERT yields to the key the earlier one took between its steps."""
+    req = SubmitTask(input={"prompt": "x"}, idempotency_key="race")
+    plan = store.tasks._submit(req, store.clock())
+    insert = next(plan)  # the later submit's INSERT, not yet sent
+    first, created = store.tasks.submit(req)  # the earlier one lands meanwhile
+    assert created
+    try:
+        plan.send(store._step(plan.send(store._step(insert))))
+    except StopIteration as done:
+        view, created = done.value
+    assert (view.id, created) == (first.id, False)
+    assert store.tasks.queued_count() == 1
+
+
 def test_state_survives_reopening(make_store):
     s = make_store()
     t = s.tasks.submit(SubmitTask(input={"prompt": "p"}))[0]
