@@ -85,6 +85,15 @@ class Database:
     async def _arun(self, plan: Plan) -> Any:
         return await self.acall(self._run, plan)
 
+    async def _aintake(self, plan: Plan) -> Any:
+        """A plan that lets new work in (a submit): _arun, where the backend may hold it back so
+        that the calls draining the queue (claims, reports) are not starved under a flood."""
+        return await self._arun(plan)
+
+    def _announce(self, n: int) -> None:
+        """From the event loop, after the commit: n tasks were made (other processes may be told
+        later, together with others)."""
+
     # ------------------------------------------------------------ plans
 
     def _run(self, plan: Plan) -> Any:

@@ -9,14 +9,16 @@ behind a load balancer sharing one database and coordinating through it alone.
 - The request path's hot calls (submit, claim, reports) run on the app's event loop through
   psycopg's async pool (each step one round trip; a round's reports pipelined by executemany); the
   others use the blocking pool from the app's thread pool. Pool connections are in autocommit.
-- New work is announced with NOTIFY on commit, a submit's in its INSERT statement: every scheduler
-  process LISTENs and wakes its own long-polling lease requests (at most as many as the tasks),
-  besides their poll_s fallback.
+- New work is announced with NOTIFY after commit, the submits made while one NOTIFY is on its way
+  together in the next (_Announcer): every scheduler process LISTENs and wakes its own long-polling
+  lease requests (at most as many as the tasks), besides their poll_s fallback. Submits take at most
+  half the async connections, so that claims and reports still get theirs under a flood.
 - Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import uuid
@@ -69,6 +71,8 @@ class PostgresStore(SQLStore):
         self._pool.open(wait=True, timeout=30)
         self._pool_size = pool_size
         self._apool = None  # the async pool, opened on the app's loop (aopen)
+        self._intake: asyncio.Semaphore | None = None
+        self._announcer: _Announcer | None = None
         with self._tx() as db:  # schedulers starting together: one applies, the others find it done
             db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATIONS_LOCK,))
             schema.apply(db, "postgres")
@@ -122,8 +126,27 @@ class PostgresStore(SQLStore):
         self._apool = AsyncConnectionPool(self.url, min_size=self._pool_size, max_size=self._pool_size, open=False,
                                           kwargs={"row_factory": dict_row, "autocommit": True})
         await self._apool.open(wait=True, timeout=30)
+        # Submits take at most half the connections: under a flood of them, claims and reports (what
+        # drains the queue) still find one. Before this, 750 submits/s offered starved the drain.
+        self._intake = asyncio.Semaphore(max(1, self._pool_size // 2))
+        self._announcer = _Announcer(self)
+
+    async def _aintake(self, plan: Plan) -> Any:
+        if self._apool is None:
+            return await self._arun(plan)
+        async with self._intake:
+            return await self._arun(plan)
+
+    def _announce(self, n: int) -> None:
+        if self._apool is None:  # not on a loop: at once, on a blocking connection
+            with self._stmt() as db:
+                self._notify(db, n)
+            return
+        self._announcer.add(n)
 
     async def aclose(self) -> None:
+        if self._announcer is not None:
+            await self._announcer.flushed()
         if self._apool is not None:
             await self._apool.close()
             self._apool = None
@@ -164,6 +187,39 @@ class PostgresStore(SQLStore):
                 if not self._stop.is_set():
                     log.warning("LISTEN %s failed (%s); retrying in 1 s", CHANNEL, e)
                     self._stop.wait(1.0)
+
+
+class _Announcer:
+    """NOTIFYs coalesced: the tasks submitted while one NOTIFY is on its way go out together in the
+    next (one NOTIFY per submit took PostgreSQL's notify-queue lock at every submit's commit, and
+    every other process parsed each). A task is announced only after its commit; a NOTIFY that
+    fails is logged, and the other processes' poll_s fallback finds the work."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._pending = 0
+        self._sending: asyncio.Task | None = None
+
+    def add(self, n: int) -> None:
+        self._pending += n
+        if self._sending is None:
+            self._sending = asyncio.get_running_loop().create_task(self._send())
+
+    async def flushed(self) -> None:
+        if self._sending is not None:
+            await self._sending
+
+    async def _send(self) -> None:
+        try:
+            while self._pending:
+                n, self._pending = self._pending, 0
+                async with self._store._apool.connection() as conn:
+                    await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self._store.instance}:{n}"))
+        except Exception as e:  # noqa: BLE001 - the database away: polling covers the gap
+            log.warning("NOTIFY %s failed (%s); other processes find the work by polling", CHANNEL, e)
+            self._pending = 0
+        finally:
+            self._sending = None
 
 
 class _PooledRead:

@@ -23,8 +23,12 @@ class SQLTasks:
         return self._store._run(self._submit(req, self._store.clock()))
 
     async def asubmit(self, req: SubmitTask) -> tuple[TaskView, bool]:
-        """submit from the event loop: on PostgreSQL without a thread (psycopg's async pool)."""
-        return await self._store._arun(self._submit(req, self._store.clock()))
+        """submit from the event loop: on PostgreSQL without a thread (psycopg's async pool), and
+        announced to other processes together with the submits around it (_announce)."""
+        view, created = await self._store._aintake(self._submit(req, self._store.clock(), announce=False))
+        if created:
+            self._store._announce(1)
+        return view, created
 
     def submit_many(self, reqs: list[SubmitTask]) -> list[tuple[TaskView, bool]]:
         """Every task in one transaction: all are stored, or none (a Conflict names the key)."""

@@ -1,16 +1,19 @@
 """Scheduler processes on one PostgreSQL database tell each other of new work: a task submitted
 through one wakes the long polls of another (NOTIFY, here in the submit's own INSERT), a replay of an
-idempotency key announces nothing, and a process is not told of its own submissions."""
+idempotency key announces nothing, a process is not told of its own submissions, and the submits
+made while a NOTIFY is on its way are announced together in the next."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
+from types import SimpleNamespace
 
 import pytest
 
 from protocol import SubmitTask
-from scheduler.store.postgres import PostgresStore
+from scheduler.store.postgres import PostgresStore, _Announcer
 
 
 @pytest.fixture
@@ -45,18 +48,23 @@ def until_listening(a, heard) -> None:
             return
 
 
+def on_loop(store, call):
+    """`call()`'s result, awaited on a loop the store has opened (the app's async path), then closed."""
+    async def run():
+        await store.aopen()
+        try:
+            return await call()
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
+
+
 def test_a_submit_in_one_process_is_heard_by_the_other_and_not_by_itself(pair):
     a, b, heard = pair
     until_listening(a, heard["b"])
 
-    async def from_the_loop():
-        await a.aopen()
-        try:
-            return await a.tasks.asubmit(SubmitTask(input={"prompt": "on the loop"}, idempotency_key="k"))
-        finally:
-            await a.aclose()
-
-    _, created = asyncio.run(from_the_loop())
+    _, created = on_loop(a, lambda: a.tasks.asubmit(SubmitTask(input={"prompt": "on the loop"}, idempotency_key="k")))
     assert created and heard["b"].get(timeout=10) == 1
     a.tasks.submit_many([SubmitTask(input={"prompt": f"batch {i}"}) for i in range(3)])
     assert heard["b"].get(timeout=10) == 3
@@ -68,3 +76,46 @@ def test_a_submit_in_one_process_is_heard_by_the_other_and_not_by_itself(pair):
     assert heard["a"].get(timeout=10) == 5
     a.tasks.submit_many([SubmitTask(input={"prompt": f"marker {i}"}) for i in range(2)])
     assert heard["b"].get(timeout=10) == 2
+
+
+def test_submits_made_while_a_notify_is_on_its_way_go_out_together_in_the_next():
+    sent, first_in_flight, release = [], None, None
+
+    class Conn:
+        async def execute(self, sql, args):
+            sent.append(args[1])
+            if len(sent) == 1:
+                first_in_flight.set()
+                await release.wait()
+
+    class Pool:
+        @contextlib.asynccontextmanager
+        async def connection(self):
+            yield Conn()
+
+    async def scenario():
+        nonlocal first_in_flight, release
+        first_in_flight, release = asyncio.Event(), asyncio.Event()
+        announcer = _Announcer(SimpleNamespace(_apool=Pool(), instance="me"))
+        announcer.add(1)
+        await first_in_flight.wait()
+        for n in (2, 3, 4):
+            announcer.add(n)
+        release.set()
+        await announcer.flushed()
+
+    asyncio.run(scenario())
+    assert sent == ["me:1", "me:9"]
+
+
+def test_many_submits_at_once_are_all_announced(pair):
+    a, b, heard = pair
+    until_listening(a, heard["b"])
+
+    made = on_loop(a, lambda: asyncio.gather(*[a.tasks.asubmit(SubmitTask(input={"prompt": f"b{i}"}))
+                                               for i in range(40)]))
+    assert all(created for _, created in made)
+    total = 0
+    while total < 40:
+        total += heard["b"].get(timeout=10)
+    assert total == 40
