@@ -35,9 +35,12 @@ demo: install
 	$(PY) -m launch.demo
 
 # The import contracts (pyproject.toml) first: an architecture violation fails fast, naming the rule.
+# Most tests wait on real processes and servers, so three workers on two cores finish well before one
+# (a file per worker: a file's fixtures and servers stay together). TEST_WORKERS=0 runs them serially.
+TEST_WORKERS ?= 3
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
 # CPU). On a GPU: make bench BENCH_ARGS="--config configs/flux-schnell.toml --random-weights --sweep"
