@@ -31,7 +31,7 @@ class SchedulerMetrics:
         r = self.registry
         self.submissions = Counter("dit_scheduler_submissions", "Tasks submitted, by result",
                                    ["result"], registry=r)  # created, replayed (idempotency key), conflict, refused
-        # (queue full), rate_limited, unservable (no live worker's limits allow the input)
+        # (queue full), rate_limited, unservable (no live worker's limits allow the input), shed (this process busy)
         self.leases = Counter("dit_scheduler_leases_granted", "Tasks leased to workers", registry=r)
         self.leases_given_back = Counter("dit_scheduler_leases_given_back",
                                          "Tasks claimed for a long poll whose worker had gone; back in the queue",

@@ -4,9 +4,11 @@ live worker can serve its input, the queue has room, and its client is under its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 from fastapi import HTTPException, Request
 from starlette.concurrency import run_in_threadpool
@@ -58,14 +60,72 @@ class Backlog:
         return self._store.tasks.queued_by_priority(), self._store.tasks.drain_rate()
 
 
+class Pace:
+    """Whether this process keeps up with its submits: CoDel's test for a standing queue (Nichols
+    and Jacobson, "Controlling Queue Delay", 2012). A burst drains within an interval, so some
+    submit in it is fast; when even the fastest submit taken in during the last interval took longer
+    than `target_s`, and there was a queue (at least MIN_QUEUE in flight at once: one slow client
+    alone is not a queue), the process is behind for the next interval. An interval in which none
+    ended while a queue was in flight is behind too."""
+
+    INTERVAL_S = 0.1
+    MIN_QUEUE = 4
+
+    def __init__(self, target_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.target_s, self.clock = target_s, clock
+        self.in_flight = self._peak = 0
+        self._behind, self._fastest, self._until = False, math.inf, clock() + self.INTERVAL_S
+
+    def behind(self) -> bool:
+        if not self.target_s:
+            return False
+        if (now := self.clock()) >= self._until:
+            slow = self._fastest > self.target_s  # none ended: slower than any target
+            self._behind = slow and self._peak >= self.MIN_QUEUE
+            self._fastest, self._peak, self._until = math.inf, self.in_flight, now + self.INTERVAL_S
+        return self._behind
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self._peak = max(self._peak, self.in_flight)
+
+    def leave(self, took_s: float) -> None:
+        self.in_flight -= 1
+        self._fastest = min(self._fastest, took_s)
+
+
 class Admission:
     def __init__(self, store: Store, api: ApiConfig, metrics: SchedulerMetrics) -> None:
         self._store = store
         self._api = api
         self._submissions = metrics.submissions
+        self.pace = Pace(api.max_submit_s)
         self._rate = RateLimit(api.rate_limit, api.rate_burst or max(1.0, api.rate_limit * 10))
         self.backlog = Backlog(store, api.admission_read_s)
         self._fleet: Cached[list] = Cached([])
+
+    @contextlib.contextmanager
+    def taking(self, n: int) -> Iterator[None]:
+        """Held while a submit call of n tasks is taken in (checked, then stored); 429 when this
+        process is too busy for it (`busy`)."""
+        if (refusal := self.busy(n)) is not None:
+            raise refusal
+        self.pace.enter()
+        t0 = self.pace.clock()
+        try:
+            yield
+        finally:
+            self.pace.leave(self.pace.clock() - t0)
+
+    def busy(self, n: int) -> HTTPException | None:
+        """The 429 for a submit call of n tasks while this process is behind (Pace). Retry-After
+        is one second: the submits in flight end within it, and the test is made anew every 100 ms."""
+        if not self.pace.behind():
+            return None
+        self._submissions.labels("shed").inc(n)
+        return HTTPException(429, "the scheduler is busy: its submits take longer than "
+                             f"{self._api.max_submit_s:g}s to be taken in (api.max_submit_s); retry in about 1s",
+                             headers={"Retry-After": "1"})
 
     async def check(self, tasks: list[SubmitTask], request: Request) -> None:
         """422 for a webhook or an input refused, 429 (with a Retry-After) for no room or over rate."""

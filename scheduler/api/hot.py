@@ -41,11 +41,12 @@ class Hot:
     body: type[BaseModel]
     tokens: str  # the Secrets field whose tokens the route admits
     call: Call
+    sheds: bool = False  # a submit: refused before its body is read while the process is too busy
 
 
 HOT = (
     Hot("/v1/tasks", SubmitTask, "client_tokens",
-        lambda svc, req, _p, body: tasks.submit_one(svc, body, req, req.headers.get("prefer"))),
+        lambda svc, req, _p, body: tasks.submit_one(svc, body, req, req.headers.get("prefer")), sheds=True),
     Hot("/v1/workers/{worker_id}/lease", LeaseRequest, "worker_tokens",
         lambda svc, req, p, body: workers.lease_for(svc, p["worker_id"], body, req)),
     Hot("/v1/workers/{worker_id}/heartbeat", Heartbeat, "worker_tokens",
@@ -74,6 +75,11 @@ class HotPath:
         request = Request(scope, receive)
         if not admits(getattr(services.secrets, hot.tokens), bearer_credentials(request.headers.get("authorization"))):
             return await self.app(scope, receive, send)  # FastAPI's 401
+        if hot.sheds and (busy := services.admission.busy(1)) is not None:
+            # Its route's own 429 (Admission.taking), for a fraction of the CPU: a saturated process
+            # must not spend on the submits it refuses what it lacks for those it serves.
+            scope.update(child)
+            return await self._handled(busy, request, scope, receive, send)
         received, body = await _read(receive)
         try:
             data = hot.body.model_validate(json.loads(body)) if body is not None else None

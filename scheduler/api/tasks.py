@@ -47,12 +47,13 @@ async def submit(body: SubmitTask, request: Request, svc: ServicesDep,
 
 async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: str | None) -> Answer:
     """201 and the task; 200 for an idempotent replay; with `Prefer: wait=N`, once it ends or N passed."""
-    await svc.admission.check([body], request)
-    try:
-        task, created = await svc.store.tasks.asubmit(body)
-    except Conflict:
-        svc.metrics.submissions.labels("conflict").inc()
-        raise
+    with svc.admission.taking(1):
+        await svc.admission.check([body], request)
+        try:
+            task, created = await svc.store.tasks.asubmit(body)
+        except Conflict:
+            svc.metrics.submissions.labels("conflict").inc()
+            raise
     svc.metrics.submissions.labels("created" if created else "replayed").inc()
     if created:
         svc.waiters.notify(1)
@@ -67,12 +68,13 @@ async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: 
 async def submit_batch(body: SubmitBatch, request: Request, tasks: TasksDep, call: StoreCall, admission: AdmissionDep,
                        metrics: MetricsDep, waiters: WaitersDep) -> SubmittedBatch:
     """Many tasks in one call and one transaction: all are stored, or none."""
-    await admission.check(body.tasks, request)
-    try:
-        out = await call(tasks.submit_many, body.tasks)
-    except Conflict:
-        metrics.submissions.labels("conflict").inc(len(body.tasks))
-        raise
+    with admission.taking(len(body.tasks)):
+        await admission.check(body.tasks, request)
+        try:
+            out = await call(tasks.submit_many, body.tasks)
+        except Conflict:
+            metrics.submissions.labels("conflict").inc(len(body.tasks))
+            raise
     created = sum(c for _, c in out)
     metrics.submissions.labels("created").inc(created)
     metrics.submissions.labels("replayed").inc(len(out) - created)

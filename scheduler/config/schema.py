@@ -63,6 +63,13 @@ class ApiConfig(Section):
     # submitters that accept a longer queue raise it; 0 switches it off.
     max_queue_wait_s: float = Field(300.0, ge=0, description="429 when a new task would wait longer than this "
                                     "at the fleet's drain rate; 0: no such limit")
+    # Bounded by what this process can take in. When it is itself saturated (its CPU, its database), a
+    # submit would wait its turn for many seconds (30 s timeouts were seen) and slow the leases and
+    # reports that drain the queue. So while even the fastest submit of the last 100 ms took longer
+    # than this to be checked and stored (a standing queue, not a burst), submits are refused at once
+    # with a 429. Workers' calls are never refused for this. 0: never.
+    max_submit_s: float = Field(0.25, ge=0, description="429 to submits while this process takes longer than "
+                                "this to take one in (the fastest of the last 100 ms); 0: never")
     # A task's input is a prompt and a few numbers.
     max_body_bytes: int = Field(1 << 20, ge=1, description="413 beyond")
     sweep_interval_s: float = Field(1.0, gt=0, description="expired leases and silent workers are looked for "

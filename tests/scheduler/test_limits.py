@@ -3,15 +3,23 @@ client can act on (the depth limit's estimated from the last minute's pace)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from fastapi.testclient import TestClient
 
 from protocol import RegisterWorker, Report, TaskResult
+from scheduler.api.admission import Pace
 from scheduler.app import create_app
 from scheduler.config import ApiConfig
 from scheduler.limits import IDLE_FLEET_RETRY_S, RateLimit, client_key, retry_after_s
+from scheduler.store import SQLiteStore
 from tests.harness import Clock
+
+REGISTRATION = {"hostname": "h", "world_size": 1, "devices": [], "model": "m", "version": "v"}
 
 
 def test_a_token_bucket_per_client():
@@ -100,3 +108,72 @@ def test_no_wait_bound_until_enough_tasks_have_ended_to_measure_a_pace(make_stor
         ended_at_a_pace(http, store, clock, n=9)  # one short of a measured pace
         assert all(http.post("/v1/tasks", json={"input": {"prompt": f"{i}"}}).status_code == 201 for i in range(20))
         assert http.get("/v1/queue").json()["drain_per_s"] == 0.0
+
+
+def test_pace_is_behind_only_while_a_queue_of_submits_was_slow_for_a_whole_interval():
+    clock = Clock()
+    pace = Pace(target_s=0.25, clock=clock)
+
+    def interval(*took: float, queue: bool = True) -> bool:
+        """Submits that took these seconds end in this interval, in flight together if `queue`;
+        behind as the next one starts?"""
+        for t in took:
+            for _ in range(Pace.MIN_QUEUE if queue else 1):
+                pace.enter()
+            for _ in range(Pace.MIN_QUEUE if queue else 1):
+                pace.leave(t)
+        clock.now += Pace.INTERVAL_S
+        return pace.behind()
+
+    assert not pace.behind() and not interval()  # idle
+    assert not interval(0.9, 0.8, 0.01)  # a burst: one went through fast
+    assert interval(0.3, 0.9) and pace.behind()  # all slow: behind, for the whole next interval
+    assert not interval(0.1)
+    assert not interval(0.9, 0.9, queue=False)  # slow, but one at a time: a slow client, not a queue
+    for _ in range(Pace.MIN_QUEUE):  # a queue in flight, and none ends within an interval: behind
+        pace.enter()
+    assert interval()
+    for _ in range(Pace.MIN_QUEUE):
+        pace.leave(0.2)
+    assert not interval()
+    assert not Pace(target_s=0, clock=clock).behind()  # off
+
+
+@pytest.mark.parametrize("hot_path", [True, False], ids=["hot-path", "fastapi"])
+def test_submits_are_429_at_once_while_the_process_is_behind_and_workers_are_still_served(tmp_path, hot_path,
+                                                                                          monkeypatch):
+    # Every interval is judged at the next submit, any submit is slow, and one is a queue: one in
+    # flight makes the process behind; once it has ended slowly the next is still refused; then one
+    # goes in.
+    monkeypatch.setattr(Pace, "INTERVAL_S", 0.0)
+    monkeypatch.setattr(Pace, "MIN_QUEUE", 1)
+    store = SQLiteStore(tmp_path / "s.db")
+    gate, entered = threading.Event(), threading.Event()
+    stored = store.tasks.asubmit
+
+    async def held(body):  # the store's write, held: this submit stays in flight
+        entered.set()
+        await asyncio.to_thread(gate.wait, 10)
+        return await stored(body)
+
+    store.tasks.asubmit = held
+    task = {"input": {"prompt": "x"}}
+    with TestClient(create_app(store, ApiConfig(max_submit_s=1e-9, hot_path=hot_path))) as http, \
+            ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(http.post, "/v1/tasks", json=task)
+        assert entered.wait(10)
+        shed = http.post("/v1/tasks", json=task)
+        batch = http.post("/v1/tasks/batch", json={"tasks": [task] * 3})
+        # A worker's calls drain the queue: never refused for this.
+        wid = http.post("/v1/workers", json=REGISTRATION).json()["worker_id"]
+        idle = http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1, "wait_s": 0})
+        gate.set()
+        assert in_flight.result().status_code == 201
+        still = http.post("/v1/tasks", json=task)
+        after = http.post("/v1/tasks", json=task)
+        metrics = http.get("/metrics").text
+    assert shed.status_code == batch.status_code == still.status_code == 429 and shed.headers["retry-after"] == "1"
+    assert "take longer than 1e-09s to be taken in (api.max_submit_s)" in shed.json()["detail"]
+    assert idle.status_code == 204 and after.status_code == 201
+    assert 'dit_scheduler_submissions_total{result="shed"} 5.0' in metrics
+    store.close()
