@@ -66,24 +66,40 @@ class Pace:
     submit in it is fast; when even the fastest submit taken in during the last interval took longer
     than `target_s`, and there was a queue (at least MIN_QUEUE in flight at once: one slow client
     alone is not a queue), the process is behind for the next interval. An interval in which none
-    ended while a queue was in flight is behind too."""
+    ended while a queue was in flight is behind too.
+
+    Behind, it does not refuse every submit (that would leave the process idle once those in flight
+    are stored): it lets in as many as it stores within `target_s` at the last interval's pace
+    (Little's law: in flight = pace x wait), and refuses those beyond."""
 
     INTERVAL_S = 0.1
     MIN_QUEUE = 4
 
     def __init__(self, target_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.target_s, self.clock = target_s, clock
-        self.in_flight = self._peak = 0
-        self._behind, self._fastest, self._until = False, math.inf, clock() + self.INTERVAL_S
+        self.in_flight = self._peak = self._ended = 0
+        self._room = math.inf  # submits in flight allowed; unbounded while not behind
+        self._since = clock()
+        self._fastest = math.inf
 
     def behind(self) -> bool:
+        """True when a submit now would be one too many."""
         if not self.target_s:
             return False
-        if (now := self.clock()) >= self._until:
-            slow = self._fastest > self.target_s  # none ended: slower than any target
-            self._behind = slow and self._peak >= self.MIN_QUEUE
-            self._fastest, self._peak, self._until = math.inf, self.in_flight, now + self.INTERVAL_S
-        return self._behind
+        if (now := self.clock()) - self._since >= self.INTERVAL_S:
+            self._roll(now)
+        return self.in_flight >= self._room
+
+    @property
+    def room(self) -> float:
+        """Submits that may be in flight, as the last interval left it (infinite: not behind)."""
+        return self._room
+
+    def _roll(self, now: float) -> None:
+        slow = self._fastest > self.target_s  # none ended: slower than any target
+        pace = self._ended / (now - self._since)
+        self._room = max(self.MIN_QUEUE, round(pace * self.target_s)) if slow and self._peak >= self.MIN_QUEUE else math.inf
+        self._fastest, self._peak, self._ended, self._since = math.inf, self.in_flight, 0, now
 
     def enter(self) -> None:
         self.in_flight += 1
@@ -91,6 +107,7 @@ class Pace:
 
     def leave(self, took_s: float) -> None:
         self.in_flight -= 1
+        self._ended += 1
         self._fastest = min(self._fastest, took_s)
 
 
