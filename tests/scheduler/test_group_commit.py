@@ -9,6 +9,7 @@ import threading
 
 from protocol import Heartbeat, RegisterWorker, SubmitTask
 from scheduler.store import Conflict, NotFound, SQLiteStore
+from tests.scheduler.commits import OnCommit
 
 
 def on_loop(store: SQLiteStore, scenario) -> None:
@@ -93,37 +94,21 @@ def test_threads_calls_commit_on_their_own_while_the_loop_groups(tmp_path):
     store.close()
 
 
-class HeldCommit:
-    """The store's write connection, whose COMMITs wait until the test lets them go."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-        self.started, self.go = threading.Event(), threading.Event()
-
-    def execute(self, sql: str, *args):
-        if sql == "COMMIT":
-            self.started.set()
-            assert self.go.wait(10)
-        return self._db.execute(sql, *args)
-
-    def __getattr__(self, name):
-        return getattr(self._db, name)
-
-
 def test_the_loop_runs_on_while_a_commit_is_in_flight_and_later_calls_form_the_next_group(tmp_path):
     path = tmp_path / "s.db"
     store = SQLiteStore(path)
     real = store._db
-    held = store._db = HeldCommit(real)
+    started, go = threading.Event(), threading.Event()
+    store._db = OnCommit(real, lambda: (started.set(), go.wait(10)))  # each COMMIT waits for the test
 
     async def scenario():
         first = asyncio.create_task(store.acall(store.tasks.submit, SubmitTask(input={"prompt": "first"})))
-        assert await asyncio.to_thread(held.started.wait, 10)  # its COMMIT is on the committer thread
+        assert await asyncio.to_thread(started.wait, 10)  # its COMMIT is on the committer thread
         # Meanwhile the loop serves: another call is made, and waits for that COMMIT, not in it.
         second = asyncio.create_task(store.acall(store.tasks.submit, SubmitTask(input={"prompt": "second"})))
         await asyncio.sleep(0)
         assert not first.done() and not second.done() and committed(path) == 0
-        held.go.set()
+        go.set()
         await first
         await second
         assert committed(path) == 2 and store.group_commits == 2

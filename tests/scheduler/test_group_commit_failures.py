@@ -4,25 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Callable
 
 from protocol import SubmitTask
 from scheduler.store import SQLiteStore
+from tests.scheduler.commits import OnCommit
 
 
-class FailingCommit:
-    """The store's write connection, whose next COMMIT fails (a full disk)."""
+def disk_full_once() -> Callable[[], None]:
+    """A COMMIT hook: the first COMMIT fails as on a full disk, the others go through."""
+    armed = [True]
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db, self.armed = db, True
-
-    def execute(self, sql: str, *args):
-        if sql == "COMMIT" and self.armed:
-            self.armed = False
+    def hook() -> None:
+        if armed:
+            armed.clear()
             raise sqlite3.OperationalError("database or disk is full")
-        return self._db.execute(sql, *args)
 
-    def __getattr__(self, name):
-        return getattr(self._db, name)
+    return hook
 
 
 def test_a_failed_commit_fails_every_call_of_its_group_and_the_next_group_works(tmp_path):
@@ -32,7 +30,7 @@ def test_a_failed_commit_fails_every_call_of_its_group_and_the_next_group_works(
 
     async def scenario():
         await store.aopen()
-        store._db = FailingCommit(real)
+        store._db = OnCommit(real, disk_full_once())
         out = await asyncio.gather(*[store.acall(store.tasks.submit, SubmitTask(input={"prompt": f"{i}"}))
                                      for i in range(3)], return_exceptions=True)
         assert all(isinstance(o, sqlite3.OperationalError) for o in out)
