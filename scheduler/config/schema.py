@@ -66,8 +66,9 @@ class ApiConfig(Section):
     # Bounded by what this process can take in. When it is itself saturated (its CPU, its database), a
     # submit would wait its turn for many seconds (30 s timeouts were seen) and slow the leases and
     # reports that drain the queue. So while even the fastest submit of the last 100 ms took longer
-    # than this to be checked and stored (a standing queue, not a burst), submits are refused at once
-    # with a 429. Workers' calls are never refused for this. 0: never.
+    # than this to be checked and stored (a standing queue, not a burst), only as many submits as it
+    # stores in this time are let in, and the rest get a 429 at once (admission.Pace). Workers' calls
+    # are never refused for this. 0: never.
     max_submit_s: float = Field(0.25, ge=0, description="429 to submits while this process takes longer than "
                                 "this to take one in (the fastest of the last 100 ms); 0: never")
     # A task's input is a prompt and a few numbers.
