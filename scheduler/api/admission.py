@@ -97,8 +97,11 @@ class Pace:
 
     def _roll(self, now: float) -> None:
         slow = self._fastest > self.target_s  # none ended: slower than any target
-        pace = self._ended / (now - self._since)
-        self._room = max(self.MIN_QUEUE, round(pace * self.target_s)) if slow and self._peak >= self.MIN_QUEUE else math.inf
+        if slow and self._peak >= self.MIN_QUEUE:
+            pace = self._ended / max(now - self._since, 1e-6)  # stored per second
+            self._room = max(self.MIN_QUEUE, round(pace * self.target_s))
+        else:
+            self._room = math.inf
         self._fastest, self._peak, self._ended, self._since = math.inf, self.in_flight, 0, now
 
     def enter(self) -> None:
