@@ -16,8 +16,9 @@ PostgreSQL fsync, synchronous_commit and full_page_writes on, unlike the tests' 
 the load generator itself can drive on this machine, so a short row elsewhere is the queue's.
 
 Figures: offered and accepted per second, 429s, submits that timed out (30 s); completed = tasks
-offered that succeeded by the end (submitting stops after --seconds; in-flight tasks get a grace of
-3 x work-s); lease p50/p99 (calls that returned work); submit -> lease p99 (the wait a task saw);
+offered whose client got its 201 and that succeeded within --seconds plus a grace of 3 x work-s
+(the same horizon for every row, however long hung submits keep a run going); tasks that succeeded
+for a client that never got its answer, apart; lease p50/p99 (calls that returned work); submit -> lease p99 (the wait a task saw);
 submit p99; the cores of each process; for 429s, the Retry-After given against the queue wait that
 tasks admitted in the same second saw (the real wait).
 """
@@ -61,7 +62,8 @@ class Record:
     waits: list[tuple[float, float]] = field(default_factory=list)  # (submit sent, submit -> lease s)
     # (ms from when the lease could be answered (sent, or its first task accepted if later), tasks got)
     leases: list[tuple[float, int]] = field(default_factory=list)
-    succeeded: set[str] = field(default_factory=set)
+    succeeded: dict[str, float] = field(default_factory=dict)  # task id -> when its success was accepted
+    offer_started: float = 0.0
     heartbeats: list[int] = field(default_factory=lambda: [0, 0])  # refused, answered
     errors: list[str] = field(default_factory=list)
 
@@ -102,6 +104,11 @@ class Fleet:
                 await s.close()
         return self.rec
 
+    @property
+    def grace_s(self) -> float:
+        """How long tasks in flight get to finish once submitting has stopped."""
+        return 3 * self.work_s * 1.2 + 2.0
+
     @staticmethod
     def _session() -> aiohttp.ClientSession:
         return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1), timeout=aiohttp.ClientTimeout(total=60))
@@ -112,7 +119,7 @@ class Fleet:
 
     async def _offer(self, clients: list[aiohttp.ClientSession]) -> None:
         """Submits on a Poisson schedule for `seconds`, each on its own coroutine (open loop)."""
-        start = time.perf_counter()
+        start = self.rec.offer_started = time.perf_counter()
         due, n, pending = start, 0, set()
         while due - start < self.seconds:
             delay = due - time.perf_counter()
@@ -145,9 +152,9 @@ class Fleet:
         self.rec.submits.append((sent, (time.perf_counter() - sent) * 1e3, code, retry))
 
     async def _drain(self) -> None:
-        """Until every accepted task has succeeded, or the grace after the last submit ends."""
-        end = time.perf_counter() + 3 * self.work_s * 1.2 + 2.0
-        while time.perf_counter() < end and len(self.rec.succeeded) < len(self.rec.sent_at):
+        """Until every task whose submit was answered has succeeded, or the grace after the last submit ends."""
+        end = time.perf_counter() + self.grace_s
+        while time.perf_counter() < end and self.rec.sent_at.keys() - self.rec.succeeded.keys():
             await asyncio.sleep(0.1)
 
     async def _worker(self, conns: tuple[aiohttp.ClientSession, aiohttp.ClientSession], url: str, wid: str) -> None:
@@ -229,7 +236,8 @@ class Fleet:
                 answer = await r.json()
             ok = [le["task_id"] for le, res in zip(got, answer["results"]) if res["status_code"] == 200]
         if status == "succeeded":
-            self.rec.succeeded.update(ok)
+            now = time.perf_counter()
+            self.rec.succeeded.update((tid, now) for tid in ok)
 
     async def _heartbeat(self, http: aiohttp.ClientSession, url: str, wid: str, held: dict) -> None:
         await asyncio.sleep(random.uniform(0, self.heartbeat_s))
@@ -252,8 +260,14 @@ def figures(rec: Record, fleet: Fleet) -> dict:
     offered = len(codes)
     accepted = codes.count(201)
     waits_s = [w for _, w in rec.waits]
+    # Counted at one horizon for every row: submits that hang (until their 30 s timeout) would
+    # otherwise lengthen a run and give the queue more time to drain; and only tasks whose client
+    # got its 201 (a task made for a client that gave up is work nobody receives).
+    horizon = rec.offer_started + fleet.seconds + fleet.grace_s
+    completed = sum(1 for tid, at in rec.succeeded.items() if at <= horizon and tid in rec.sent_at)
     out = {"offered_per_s": round(offered / fleet.seconds, 1), "accepted_per_s": round(accepted / fleet.seconds, 1),
-           "completed": round(len(rec.succeeded) / offered, 4) if offered else 0.0,
+           "completed": round(completed / offered, 4) if offered else 0.0,
+           "succeeded_unanswered": sum(1 for tid in rec.succeeded if tid not in rec.sent_at),
            "refused_429": codes.count(429), "timed_out": codes.count(-1), "other_errors": offered - accepted
            - codes.count(429) - codes.count(-1),
            "lease_p50_ms": pct([m for m, _ in rec.leases], 0.5), "lease_p99_ms": pct([m for m, _ in rec.leases], 0.99),
@@ -397,7 +411,7 @@ def print_row(row: dict, label: str = "") -> None:
           f"  offered {row['offered_per_s']:6.1f}/s  completed {row['completed'] * 100:5.1f}%"
           f"  lease p99 {f(row['lease_p99_ms']):>7s} ms  submit->lease p99 {f(row['submit_to_lease_p99_ms']):>8s} ms"
           f"  submit p99 {f(row['submit_p99_ms']):>7s} max {f(row['submit_max_ms']):>7s} ms"
-          f"  429 {row['refused_429']}  timeouts {row['timed_out']}"
+          f"  429 {row['refused_429']}  timeouts {row['timed_out']} (made anyway: {row['succeeded_unanswered']})"
           + (f"  Retry-After/wait p50 {row['retry_after_over_wait_p50']}"
              f" ({row['retry_after_within_50pct'] * 100:.0f}% within 50%)" if "retry_after_over_wait_p50" in row else "")
           + f"  cores {row['cores']}", flush=True)

@@ -31,5 +31,18 @@ def test_a_short_run_on_the_trivial_server_and_sqlite_completes_what_it_offers(t
     for row in rows.values():
         assert row["offered_per_s"] > 10 and row["errors"] == [] and row["timed_out"] == 0
         assert row["completed"] >= 0.9  # 90% of what the GPUs make, 3 x work_s to finish
+        assert row["succeeded_unanswered"] == 0  # no submit went unanswered
         assert 0 <= row["lease_p50_ms"] <= row["lease_p99_ms"] and row["submit_to_lease_p99_ms"] is not None
     assert "trivial" in capsys.readouterr().out
+
+
+def test_completed_counts_answered_tasks_that_succeeded_within_the_one_horizon():
+    fleet = fleet_bench.Fleet(["http://x"], gpus=1, shape="gpu", rate=1.0, seconds=10.0, work_s=1.0, heartbeat_s=30)
+    rec = Record(offer_started=100.0)
+    horizon = 100.0 + 10.0 + fleet.grace_s
+    rec.submits = [(100.0, 1.0, 201, None)] * 3 + [(101.0, 30_000.0, -1, None)]
+    rec.sent_at = {"a": (100.0, 100.1), "b": (100.0, 100.1), "c": (100.0, 100.1)}
+    # a: in time; b: after the horizon (a hung submit kept the run going); d: its client timed out
+    rec.succeeded = {"a": horizon - 1, "b": horizon + 1, "d": horizon - 1}
+    out = fleet_bench.figures(rec, fleet)
+    assert out["completed"] == 0.25 and out["succeeded_unanswered"] == 1 and out["timed_out"] == 1
