@@ -20,6 +20,23 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The longest files (minutes each on the 2-core CI machine; `--durations` of a clean-clone run), longest
+# first. Collected first, they start first on make test's pytest-xdist workers (a file per worker),
+# and the many short files fill in around them: started last, one of them would end the run alone.
+LONGEST_FIRST = ("tools/test_wheelhouse_install.py", "worker/model/test_speed.py", "scheduler/test_schema_fuzz.py",
+                 "e2e/test_recovery.py", "tools/test_bench.py", "e2e/test_parallel.py", "e2e/test_launch.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+
+    def rank(item) -> int:
+        name = item.path.relative_to(tests).as_posix()
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within each file, and of the other files, stays
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     from tools.tiny_model import make_tiny_model
