@@ -22,7 +22,7 @@ def pytest_configure(config):
 
 # The longest files (minutes each on the 2-core CI machine; `--durations` of a clean-clone run), longest
 # first. Collected first, they start first on make test's pytest-xdist workers (a file per worker),
-# and the many short files fill in around them: started last, one of them would end the run alone.
+# and the many short files fill in around them; started last, one of them could end the run alone.
 LONGEST_FIRST = ("tools/test_wheelhouse_install.py", "worker/model/test_speed.py", "scheduler/test_schema_fuzz.py",
                  "e2e/test_recovery.py", "tools/test_bench.py", "e2e/test_parallel.py", "e2e/test_launch.py")
 

@@ -18,8 +18,8 @@ the load generator itself can drive on this machine, so a short row elsewhere is
 Figures: offered and accepted per second, 429s, submits that timed out (30 s); completed = tasks
 offered whose client got its 201 and that succeeded within --seconds plus a grace of 3 x work-s
 (the same horizon for every row, however long hung submits keep a run going); tasks that succeeded
-for a client that never got its answer, apart; lease p50/p99 (calls that returned work); submit -> lease p99 (the wait a task saw);
-submit p99; the cores of each process; for 429s, the Retry-After given against the queue wait that
+for a client that never got its answer, apart; lease p50/p99 (calls that returned work);
+submit -> lease p99 (the wait a task saw); submit p99; the cores of each process; for 429s, the Retry-After given against the queue wait that
 tasks admitted in the same second saw (the real wait).
 """
 
