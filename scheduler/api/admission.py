@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
 from collections import Counter
@@ -66,7 +67,8 @@ class Pace:
     submit in it is fast; when even the fastest submit taken in during the last interval took longer
     than `target_s`, and there was a queue (at least MIN_QUEUE in flight at once: one slow client
     alone is not a queue), the process is behind for the next interval. An interval in which none
-    ended while a queue was in flight is behind too.
+    ended while a queue was in flight is behind too once the oldest in flight has waited longer than
+    `target_s`: a pause shorter than that (a garbage collection, a checkpoint) is not a queue.
 
     Behind, it does not refuse every submit (that would leave the process idle once those in flight
     are stored): it lets in as many as it stores within `target_s` at the last interval's pace
@@ -77,7 +79,9 @@ class Pace:
 
     def __init__(self, target_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.target_s, self.clock = target_s, clock
-        self.in_flight = self._peak = self._ended = 0
+        self._peak = self._ended = 0
+        self._started: dict[int, float] = {}  # submits in flight: when each was taken in
+        self._tokens = itertools.count()
         self._room = math.inf  # submits in flight allowed; unbounded while not behind
         self._since = clock()
         self._fastest = math.inf
@@ -95,8 +99,15 @@ class Pace:
         """Submits that may be in flight, as the last interval left it (infinite: not behind)."""
         return self._room
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._started)
+
     def _roll(self, now: float) -> None:
-        slow = self._fastest > self.target_s  # none ended: slower than any target
+        if self._ended:
+            slow = self._fastest > self.target_s
+        else:  # none ended: slow once the oldest in flight has waited past the target
+            slow = bool(self._started) and now - min(self._started.values()) > self.target_s
         if slow and self._peak >= self.MIN_QUEUE:
             pace = self._ended / max(now - self._since, 1e-6)  # stored per second
             self._room = max(self.MIN_QUEUE, round(pace * self.target_s))
@@ -104,14 +115,16 @@ class Pace:
             self._room = math.inf
         self._fastest, self._peak, self._ended, self._since = math.inf, self.in_flight, 0, now
 
-    def enter(self) -> None:
-        self.in_flight += 1
+    def enter(self) -> int:
+        """A submit is taken in; its token for `leave`."""
+        self._started[token := next(self._tokens)] = self.clock()
         self._peak = max(self._peak, self.in_flight)
+        return token
 
-    def leave(self, took_s: float) -> None:
-        self.in_flight -= 1
+    def leave(self, token: int) -> None:
+        """That submit is stored or refused."""
         self._ended += 1
-        self._fastest = min(self._fastest, took_s)
+        self._fastest = min(self._fastest, self.clock() - self._started.pop(token))
 
 
 class Admission:
@@ -130,12 +143,11 @@ class Admission:
         process is too busy for it (`busy`)."""
         if (refusal := self.busy(n)) is not None:
             raise refusal
-        self.pace.enter()
-        t0 = self.pace.clock()
+        token = self.pace.enter()
         try:
             yield
         finally:
-            self.pace.leave(self.pace.clock() - t0)
+            self.pace.leave(token)
 
     def busy(self, n: int) -> HTTPException | None:
         """The 429 for a submit call of n tasks while this process is behind (Pace). Retry-After

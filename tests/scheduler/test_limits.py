@@ -114,40 +114,59 @@ def test_pace_lets_in_what_is_stored_within_the_target_once_a_queue_of_submits_w
     clock = Clock()
     pace = Pace(target_s=0.25, clock=clock)
 
-    def interval(took: float = 0.0, n: int = 0, together: bool = True, fast: int = 0) -> float:
-        """n submits that took `took` seconds (and `fast` that took none) end in this interval, in
-        flight together or one at a time; the room it leaves for the next."""
-        for t in [took] * n + [0.0] * fast:
-            if together:
-                pace.enter()
-            else:
-                pace.enter()
-                pace.leave(t)
-        for t in ([took] * n + [0.0] * fast) if together else []:
-            pace.leave(t)
-        clock.now += Pace.INTERVAL_S
+    def judged() -> float:
+        """The room the interval just ended leaves for the next (it is judged at the next check)."""
         pace.behind()
         return pace.room
 
-    assert interval() == math.inf  # idle
-    assert interval(0.9, n=20, fast=1) == math.inf  # a burst: one went through fast
-    # A queue, all slow: 40 stored in 0.1 s is 400/s, so 100 may be in flight (0.25 s of them).
-    assert interval(0.3, n=40) == 100
-    for _ in range(99):
-        pace.enter()
+    def together(n: int, took: float, fast: int = 0) -> float:
+        """n submits in flight at once that take `took` seconds, beside `fast` that take none."""
+        tokens = [pace.enter() for _ in range(n)]
+        for _ in range(fast):
+            pace.leave(pace.enter())
+        clock.now += took
+        for t in tokens:
+            pace.leave(t)
+        return judged()
+
+    clock.now += Pace.INTERVAL_S
+    assert judged() == math.inf  # idle
+    assert together(20, 0.9, fast=1) == math.inf  # a burst: one went through fast
+    # A queue, all slow: 40 stored in 0.3 s is 133/s, so 33 may be in flight (0.25 s of them).
+    assert together(40, 0.3) == 33
+    tokens = [pace.enter() for _ in range(32)]
     assert not pace.behind()
-    pace.enter()
-    assert pace.behind()  # the 101st would be refused
-    for _ in range(100):
-        pace.leave(0.1)
-    assert interval() == math.inf  # they went through within the target
-    assert interval(0.9, n=10, together=False) == math.inf  # slow, but one at a time: not a queue
-    for _ in range(Pace.MIN_QUEUE):  # a queue in flight, and none ends within an interval
-        pace.enter()
-    assert interval() == Pace.MIN_QUEUE and pace.behind()
-    for _ in range(Pace.MIN_QUEUE):
-        pace.leave(0.2)
-    assert interval() == math.inf
+    tokens.append(pace.enter())
+    assert pace.behind()  # the 34th would be refused
+    clock.now += Pace.INTERVAL_S
+    for t in tokens:
+        pace.leave(t)
+    clock.now += Pace.INTERVAL_S
+    assert judged() == math.inf  # they went through within the target
+    for _ in range(10):  # slow, but one at a time: not a queue
+        t = pace.enter()
+        clock.now += 0.9
+        pace.leave(t)
+    assert judged() == math.inf
+
+
+def test_pace_a_queue_that_stores_nothing_is_behind_once_its_oldest_waited_past_the_target():
+    clock = Clock()
+    pace = Pace(target_s=0.25, clock=clock)
+    tokens = [pace.enter() for _ in range(Pace.MIN_QUEUE)]
+    for _ in range(2):  # 0.1, then 0.2 s without a store: a pause, not yet a queue
+        clock.now += Pace.INTERVAL_S
+        assert not pace.behind() and pace.room == math.inf
+    clock.now += Pace.INTERVAL_S
+    assert pace.behind() and pace.room == Pace.MIN_QUEUE  # 0.3 s: behind, room for those in flight
+    for t in tokens:
+        pace.leave(t)
+    clock.now += Pace.INTERVAL_S
+    pace.behind()  # they took 0.3 s: still slow, at the pace they were stored (40/s: room for 10)
+    assert pace.room == 10 and not pace.behind()
+    clock.now += Pace.INTERVAL_S
+    pace.behind()
+    assert pace.room == math.inf  # nothing in flight: no queue
     assert not Pace(target_s=0, clock=clock).behind()  # off
 
 
