@@ -15,6 +15,9 @@ from protocol.models import (
     Lease,
     LeaseRequest,
     LeaseResponse,
+    ModelFigures,
+    ModelId,
+    ModelsView,
     QueueFigures,
     Registered,
     RegistrationStatus,
@@ -35,12 +38,13 @@ from protocol.models import (
     Webhook,
     WebhookAttempt,
     WorkerLimits,
+    WorkerModels,
     WorkerStatus,
     WorkerView,
     bidi_control,
 )
 
 __all__ = ["CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
-           "LeaseResponse", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
-           "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerLimits", "WorkerStatus", "WorkerView",
+           "LeaseResponse", "ModelFigures", "ModelId", "ModelsView", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
+           "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerLimits", "WorkerModels", "WorkerStatus", "WorkerView",
            "BIDI_CONTROLS", "bidi_control"]

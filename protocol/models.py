@@ -106,10 +106,17 @@ class WebhookAttempt(_Strict):
     delivered: bool
 
 
+ModelId = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")]
+MAX_MODELS = 64  # models one worker may hold or load
+
+
 class SubmitTask(_Strict):
     """POST /v1/tasks. `input` holds prompt, width, height, steps, seed, output_format."""
 
     input: dict[str, Any]
+    model: ModelId | None = Field(None, description=(
+        "one of the fleet's models (GET /v1/models); absent: the fleet's default. Only a worker that "
+        "holds it or can load it leases the task"))
     priority: int = Field(0, ge=-1000, le=1000, description="higher is leased first")
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
     max_attempts: int | None = Field(None, ge=1, le=20, description="defaults to the scheduler's")
@@ -157,6 +164,8 @@ class TaskView(_Strict):
     id: str
     status: TaskStatus
     input: dict[str, Any]
+    model: str | None = Field(None, description="the model it is made with; none on a fleet that does not "
+                              "route by model (models.ids empty)")
     priority: int
     attempts: int
     max_attempts: int
@@ -194,6 +203,14 @@ class SubmittedBatch(_Strict):
     created: list[bool] = Field(description="false where an idempotency key replayed an earlier task")
 
 
+class ModelFigures(_Strict):
+    queued: int
+    oldest_queued_age_s: float | None
+    running: int = Field(description="leased or processing")
+    warm_workers: int = Field(description="live workers holding it resident")
+    loadable_workers: int = Field(description="live workers that can load it without holding it")
+
+
 class QueueFigures(_Strict):
     """GET /v1/queue: what autoscalers and dashboards need, from one consistent read."""
 
@@ -208,6 +225,18 @@ class QueueFigures(_Strict):
     wait_s_by_priority: dict[str, float] = Field(
         default_factory=dict, description="priority -> seconds a task submitted now would wait at that drain "
         "(the tasks of its priority and above, ahead of it); admission refuses beyond api.max_queue_wait_s")
+    models: dict[str, ModelFigures] = Field(
+        default_factory=dict, description="per model of the fleet (models.ids): the autoscaling signal per model")
+
+
+class ModelsView(_Strict):
+    """GET /v1/models: the models this fleet serves, and how each is routed."""
+
+    default: str | None = Field(description="the model of a task that names none")
+    cold_wait_s: float = Field(description=(
+        "how long a task waits for a worker holding its model before one that would have to load it "
+        "takes it"))
+    models: dict[str, ModelFigures]
 
 
 # ---------------------------------------------------------------- workers
@@ -234,6 +263,14 @@ class WorkerLimits(_Strict):
     output_formats: list[Annotated[str, StringConstraints(max_length=20)]] = Field(min_length=1, max_length=20)
 
 
+class WorkerModels(_Strict):
+    """The models a worker can serve: those it holds resident (loaded, warmed up: a task starts at
+    once) and those it can load (a swap first: seconds to minutes)."""
+
+    resident: list[ModelId] = Field([], max_length=MAX_MODELS)
+    loadable: list[ModelId] = Field([], max_length=MAX_MODELS)
+
+
 class RegisterWorker(_Strict):
     hostname: str = Field(min_length=1, max_length=255)
     world_size: int = Field(ge=1, le=MAX_DEVICES)
@@ -247,6 +284,8 @@ class RegisterWorker(_Strict):
         "the worker's /metrics, /livez and /readyz; listed for status pages and Prometheus discovery"))
     limits: WorkerLimits | None = Field(None, description=(
         "what it accepts in a task's input; none: the scheduler assumes it may serve anything"))
+    models: WorkerModels | None = Field(None, description=(
+        "the models it holds and can load; none: it holds `model` alone"))
 
 
 class Registered(_Strict):
@@ -264,6 +303,7 @@ class WorkerView(_Strict):
     node_id: str | None = None
     ops_url: str | None = None
     limits: WorkerLimits | None = None
+    models: WorkerModels | None = Field(None, description="as last told (registration, heartbeat or lease)")
     status: RegistrationStatus
     in_flight: list[str]
     warnings: list[str] = Field([], description="e.g. a safety check switched off by config")
@@ -277,6 +317,8 @@ class WorkerView(_Strict):
 class LeaseRequest(_Strict):
     max_tasks: int = Field(1, ge=1, le=256)
     wait_s: float = Field(0.0, ge=0.0, le=60.0, description="long-poll: wait this long for work")
+    resident: list[ModelId] | None = Field(None, max_length=MAX_MODELS, description=(
+        "the models it holds resident now; absent: as it last said"))
 
 
 class Lease(_Strict):
@@ -288,6 +330,7 @@ class Lease(_Strict):
     lease_deadline: float
     lease_ttl_s: float
     attempt: int
+    model: str | None = Field(None, description="the task's model (a lease's tasks share one)")
 
 
 class LeaseResponse(_Strict):
@@ -302,6 +345,8 @@ class Heartbeat(_Strict):
     counters: dict[Annotated[str, StringConstraints(max_length=100)], int] = Field({}, max_length=256)
     safety_policy: str | None = Field(None, max_length=100, description=(
         "the version of the prompt policy's lists the worker checks with"))
+    models: WorkerModels | None = Field(None, description="what it holds and can load, when that changed; "
+                                        "absent: as it last said")
 
 
 class HeartbeatReply(_Strict):

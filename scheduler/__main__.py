@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(cfg.logging.level, cfg.logging.format)
     secrets = read_secrets(cfg.api, os.environ)
     db, server = cfg.database, cfg.server
-    store = open_store(db.url, pool_size=db.pool_size, **dict(cfg.store))
+    models = cfg.models
+    store = open_store(db.url, pool_size=db.pool_size, **dict(cfg.store), models=models.ids,
+                       default_model=models.default, cold_wait_s=models.cold_wait_s, route=models.route)
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              server.host, server.port, db.url, cfg.store.lease_ttl_s, cfg.store.max_attempts,
              "on" if secrets.worker_tokens else "off (loopback)")

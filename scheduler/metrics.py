@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client import PlatformCollector, ProcessCollector
 
-from protocol import WorkerView
+from protocol import ModelFigures, WorkerView
 from scheduler.store import Store
 
 # Long polls (lease) last up to their wait_s: the upper buckets are for them.
@@ -80,12 +80,30 @@ class QueueCollector(Collector):
         for status in REGISTRATION_STATUSES:
             workers.add_metric([status], fig.workers_by_status.get(status, 0))
         yield workers
+        yield from _per_model(fig.models)
         reclaimed = CounterMetricFamily("dit_scheduler_leases_reclaimed",
                                         "Held tasks taken back from workers (this process), by reason and result",
                                         labels=["reason", "result"])
         for (reason, result), n in sorted(self._store.reclaimed.items()):
             reclaimed.add_metric([reason, result], n)
         yield reclaimed
+
+
+def _per_model(models: dict[str, ModelFigures]) -> Iterator[Metric]:
+    """The autoscaling signal per model of the fleet (none on a fleet of one model)."""
+    queued = GaugeMetricFamily("dit_scheduler_model_queued", "Queued tasks, by model", labels=["model"])
+    oldest = GaugeMetricFamily("dit_scheduler_model_oldest_queued_age_seconds",
+                               "Age of the oldest queued task of each model (0: none)", labels=["model"])
+    running = GaugeMetricFamily("dit_scheduler_model_running", "Tasks leased or processing, by model", labels=["model"])
+    workers = GaugeMetricFamily("dit_scheduler_model_workers", "Live workers by model: holding it resident (warm) "
+                                "or able to load it (loadable)", labels=["model", "state"])
+    for model, fig in models.items():
+        queued.add_metric([model], fig.queued)
+        oldest.add_metric([model], fig.oldest_queued_age_s or 0.0)
+        running.add_metric([model], fig.running)
+        workers.add_metric([model, "warm"], fig.warm_workers)
+        workers.add_metric([model, "loadable"], fig.loadable_workers)
+    yield from (queued, oldest, running, workers)
 
 
 class RequestTimer:

@@ -160,7 +160,9 @@ class Admission:
                              headers={"Retry-After": "1"})
 
     async def check(self, tasks: list[SubmitTask], request: Request) -> None:
-        """422 for a webhook or an input refused, 429 (with a Retry-After) for no room or over rate."""
+        """422 for a model, a webhook or an input refused, 429 (with a Retry-After) for no room or
+        over rate. A task that names no model gets the fleet's default here."""
+        self._check_models(tasks)
         self._check_webhooks(tasks)
         await self._check_servable(tasks)
         await self._admit(request, tasks)
@@ -168,6 +170,19 @@ class Admission:
     def fleet_changed(self) -> None:
         """A worker registered or drains here: the next check reads the fleet's limits afresh."""
         self._fleet = Cached([])
+
+    def _check_models(self, tasks: list[SubmitTask]) -> None:
+        """422 naming the field when a task names a model the fleet does not serve (config [models])."""
+        models = self._store.models
+        for i, task in enumerate(tasks):
+            if task.model is None:
+                task.model = self._store.default_model
+            elif task.model not in models:
+                self._submissions.labels("unknown_model").inc(len(tasks))
+                raise HTTPException(422, _of(i, tasks, f"model: {task.model!r} is not one of this fleet's models "
+                                             f"({', '.join(sorted(models))}; GET /v1/models)" if models else
+                                             "model: this fleet serves one model and routes by none (the "
+                                             "scheduler's models.ids is empty): leave model out"))
 
     def _check_webhooks(self, tasks: list[SubmitTask]) -> None:
         """422 naming the host when a task's webhook is not on the operator's allowlist."""

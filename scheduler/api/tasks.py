@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from protocol import (
     FINAL_STATUSES,
+    ModelsView,
     QueueFigures,
     SubmitBatch,
     SubmitTask,
@@ -26,6 +27,7 @@ from scheduler.api.deps import (
     ApiDep,
     MetricsDep,
     ReportsDep,
+    StoreDep,
     StoreCall,
     TasksDep,
     WaitersDep,
@@ -87,6 +89,14 @@ async def queue_figures(tasks: TasksDep) -> QueueFigures:
     """Depth per priority, the oldest queued task's age, tasks ended in the last 1, 5 and 15
     minutes, workers by status: for autoscalers and dashboards."""
     return await run_in_threadpool(tasks.figures)  # may scan: never on the event loop
+
+
+@router.get("/v1/models", response_model=ModelsView)
+async def models(tasks: TasksDep, store: StoreDep) -> ModelsView:
+    """The fleet's models (the scheduler's [models]) with each one's queue and workers: the
+    autoscaling signal per model. Empty on a fleet of one model."""
+    return ModelsView(default=store.default_model, cold_wait_s=store.cold_wait_s,
+                      models=await run_in_threadpool(tasks.models))  # scans the queue: off the event loop
 
 
 @router.get("/v1/tasks/{task_id}", response_model=TaskView, responses={404: {}})

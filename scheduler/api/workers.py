@@ -65,7 +65,8 @@ async def lease(worker_id: str, body: LeaseRequest, request: Request, svc: Servi
 async def lease_for(svc: Services, worker_id: str, body: LeaseRequest, request: Request) -> Answer:
     """Up to max_tasks leases, waiting up to wait_s for work; 204 when none came."""
     claims, waiters, metrics = svc.store.claims, svc.waiters, svc.metrics
-    got = await waiters.poll(lambda: claims.aclaim(worker_id, body.max_tasks), body.wait_s, request.is_disconnected)
+    got = await waiters.poll(lambda: claims.aclaim(worker_id, body.max_tasks, body.resident), body.wait_s,
+                             request.is_disconnected)
     if got and await request.is_disconnected():
         # Its worker gave up on the long poll (a timeout, a restart) while the claim ran: nobody
         # would run these tasks before their lease expired. Back in the queue, the attempt uncounted.

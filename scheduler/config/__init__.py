@@ -7,6 +7,7 @@ from scheduler.config.schema import (
     ApiConfig,
     DatabaseConfig,
     LoggingConfig,
+    ModelsConfig,
     SchedulerConfig,
     Secrets,
     ServerConfig,
@@ -14,6 +15,6 @@ from scheduler.config.schema import (
     read_secrets,
 )
 
-__all__ = ["ApiConfig", "COMMAND_LINE", "ConfigError", "DatabaseConfig", "FLAGS", "LoggingConfig", "SchedulerConfig",
+__all__ = ["ApiConfig", "COMMAND_LINE", "ConfigError", "DatabaseConfig", "FLAGS", "LoggingConfig", "ModelsConfig", "SchedulerConfig",
            "Secrets", "ServerConfig", "StoreConfig", "add_flags", "describe_errors", "flag_values", "load_config",
            "read_secrets"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from protocol import ModelId
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
@@ -111,6 +112,34 @@ class ApiConfig(Section):
         return value  # strict validation names what is wrong
 
 
+class ModelsConfig(Section):
+    """The models this fleet serves (docs/protocol.md, "Models"). No ids: one model, and tasks name
+    none; any worker takes any task. Else a task names one of them (or gets `default`), and a lease
+    gives a worker tasks of the models it holds or can load, routed by `route`."""
+
+    ids: tuple[ModelId, ...] = Field((), description="the fleet's model ids, as workers name them (model.name)")
+    default: str = Field("", description="the model of a task that names none; empty: the first of ids")
+    # How long a task waits for a worker holding its model before one that must load it takes it;
+    # also the least time between two workers taking up one model so (no herd of swaps).
+    cold_wait_s: float = Field(10.0, ge=0)
+    # affinity: a worker's own models first (store/routing.py); fifo: the oldest task of any model
+    # it serves, held or not (the baseline make bench-models compares against).
+    route: Literal["affinity", "fifo"] = "affinity"
+
+    @field_validator("ids")
+    @classmethod
+    def _ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("a model is listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _default_listed(self) -> "ModelsConfig":
+        if self.default and self.default not in self.ids:
+            raise ValueError(f"default: {self.default!r} is not one of ids ({', '.join(self.ids) or 'none set'})")
+        return self
+
+
 class LoggingConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # One JSON object per line (for log shippers), or readable text; auto: text on a terminal.
@@ -154,6 +183,7 @@ class SchedulerConfig(Section):
     database: DatabaseConfig
     store: StoreConfig
     api: ApiConfig
+    models: ModelsConfig
     logging: LoggingConfig
 
     @model_validator(mode="before")

@@ -13,6 +13,7 @@ from protocol import (
     Heartbeat,
     HeartbeatReply,
     Lease,
+    ModelFigures,
     QueueFigures,
     RegisterWorker,
     Report,
@@ -20,6 +21,7 @@ from protocol import (
     TaskView,
     WebhookAttempt,
     WorkerLimits,
+    WorkerModels,
     WorkerView,
 )
 
@@ -67,6 +69,9 @@ class Tasks(Protocol):
 
     def figures(self) -> QueueFigures: ...
 
+    def models(self) -> dict[str, ModelFigures]:
+        """Per model of the fleet: queued, oldest wait, running, warm and loadable live workers."""
+
     def recent(self, status: str, window_s: float, limit: int) -> list[TaskView]:
         """Tasks that ended in `status` within the last `window_s`, newest first."""
 
@@ -92,10 +97,12 @@ class Workers(Protocol):
 class Claims(Protocol):
     """Claims and leases."""
 
-    def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
-        """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO."""
+    def claim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]:
+        """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO; on a
+        fleet of several models, of one model, routed (routing.py). `resident`: the models the
+        worker holds now, when its lease says."""
 
-    async def aclaim(self, worker_id: str, max_tasks: int) -> list[Lease]: ...
+    async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]: ...
 
 
 class Reports(Protocol):
@@ -137,6 +144,9 @@ class Store(Protocol):
 
     lease_ttl_s: float
     max_attempts: int
+    models: frozenset[str]  # the fleet's models; empty: one model, tasks name none
+    default_model: str | None  # the model of a task that names none
+    cold_wait_s: float
     location: str  # the file or URL it was opened on
     inline: bool  # calls are in-process and short: the app makes them on its event loop
     # Held tasks this process took back (expired lease, lost or restarted worker), by (reason code,
@@ -165,7 +175,7 @@ class Store(Protocol):
 
 def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskView:
     return TaskView(
-        id=row["id"], status=row["status"], input=json.loads(row["input"]), priority=row["priority"],
+        id=row["id"], status=row["status"], input=json.loads(row["input"]), model=row["model"], priority=row["priority"],
         attempts=row["attempts"], max_attempts=row["max_attempts"],
         idempotency_key=row["idempotency_key"], worker_id=row["worker_id"],
         result=json.loads(row["result"]) if row["result"] else None,
@@ -179,12 +189,13 @@ def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskV
     )
 
 
-def worker_view(row: Mapping[str, Any], now: float) -> WorkerView:
+def worker_view(row: Mapping[str, Any], now: float, models: WorkerModels | None = None) -> WorkerView:
     info = json.loads(row["info"])
+    info.pop("models", None)  # kept in worker_models, where leases and heartbeats change it
     beat = row["last_heartbeat"]
     limits = json.loads(row["limits"]) if row["limits"] else None
     return WorkerView(id=row["id"], status=row["status"], node_id=row["node_id"], in_flight=json.loads(row["in_flight"]),
-                      limits=limits,
+                      limits=limits, models=models,
                       warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
                       safety_policy=row["safety_policy"],
                       registered_at=row["registered_at"], last_heartbeat=beat,

@@ -1,6 +1,10 @@
 """Claims and leases (base.Claims). A claim is one UPDATE ... RETURNING over the queue's head
 (PostgreSQL: FOR UPDATE SKIP LOCKED, so concurrent claims from several scheduler processes never wait
-for, or take, each other's rows); written once as a plan, run blocking or on the event loop."""
+for, or take, each other's rows); written once as a plan, run blocking or on the event loop.
+
+On a fleet of several models (the store's `models`), a claim first reads the head of each model's
+queue that the worker serves and picks one model (routing.pick); the UPDATE then takes that model's
+tasks only: a lease's tasks share one model, so a worker swaps at most once per lease."""
 
 from __future__ import annotations
 
@@ -8,41 +12,89 @@ import json
 
 from protocol import Lease
 from scheduler import leases
+from scheduler.store import routing
 from scheduler.store.database import Database
 from scheduler.store.lifecycle import sources, status_in
-from scheduler.store.plans import Plan, Read, Write
-from scheduler.store.workers import check_registration
+from scheduler.store.plans import Plan, Read, Write, WriteEach
+from scheduler.store.workers import TAKING, check_registration
 
 CLAIMABLE = status_in(sources("leased"))  # the queue: the partial index's own condition
+UPSERT_MODEL = ("INSERT INTO worker_models (worker_id, model, resident, since) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (worker_id, model) DO UPDATE SET resident = excluded.resident, since = excluded.since"
+                " RETURNING worker_id")  # a step returns rows
 
 
 class SQLClaims:
     def __init__(self, store: Database) -> None:
         self._store = store
 
-    def claim(self, worker_id: str, max_tasks: int) -> list[Lease]:
-        return self._store._run(self._claim(worker_id, max_tasks))
+    def claim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]:
+        return self._store._run(self._plan(worker_id, max_tasks, resident))
 
-    async def aclaim(self, worker_id: str, max_tasks: int) -> list[Lease]:
-        return await self._store._arun(self._claim(worker_id, max_tasks))
+    async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]:
+        return await self._store._arun(self._plan(worker_id, max_tasks, resident))
 
-    def _claim(self, worker_id: str, max_tasks: int) -> Plan:
-        """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO: one
-        UPDATE ... RETURNING, one round trip. Tokens are fresh random values made by the database
-        (fencing tokens: a report also needs the worker's id and bearer token)."""
+    def _plan(self, worker_id: str, max_tasks: int, resident: list[str] | None) -> Plan:
+        if self._store.models:
+            return self._routed(worker_id, max_tasks, resident)
+        return self._claim(worker_id, max_tasks)
+
+    def _claim(self, worker_id: str, max_tasks: int, model: str | None = None) -> Plan:
+        """Atomically lease up to `max_tasks` queued tasks (of `model` alone, when given), highest
+        priority first, then FIFO: one UPDATE ... RETURNING, one round trip. Tokens are fresh random
+        values made by the database (fencing tokens: a report also needs the worker's id and bearer
+        token)."""
         store = self._store
         now = store.clock()
         deadline = leases.deadline(now, store.lease_ttl_s)
+        queue, of_model, args = (store.QUEUE_INDEX, "", ()) if model is None else \
+            (store.MODEL_QUEUE_INDEX, " AND model = ?", (model,))
         rows = yield Write(
             f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
             f" lease_token = {store.TOKEN_SQL}, lease_deadline = ?, updated_at = ?"
-            f" WHERE id IN (SELECT id FROM tasks{store.QUEUE_INDEX} WHERE {CLAIMABLE} ORDER BY priority DESC, seq"
+            f" WHERE id IN (SELECT id FROM tasks{queue} WHERE {CLAIMABLE}{of_model} ORDER BY priority DESC, seq"
             f" LIMIT ?{store.SKIP_LOCKED}) AND EXISTS (SELECT 1 FROM workers WHERE id = ? AND status != 'drained')"
-            f" RETURNING id, input, created_at, lease_token, attempts, priority, seq",
-            (worker_id, deadline, now, max_tasks, worker_id))
+            f" RETURNING id, input, created_at, lease_token, attempts, priority, seq, model",
+            (worker_id, deadline, now, *args, max_tasks, worker_id))
         if not rows:
             check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
         return [Lease(task_id=r["id"], input=json.loads(r["input"]), created_at=r["created_at"],
                       lease_token=r["lease_token"], lease_deadline=deadline, lease_ttl_s=store.lease_ttl_s,
-                      attempt=r["attempts"]) for r in rows]
+                      attempt=r["attempts"], model=r["model"]) for r in rows]
+
+    def _routed(self, worker_id: str, max_tasks: int, resident: list[str] | None) -> Plan:
+        """What the worker serves (updated first when its lease says what it holds now), the head
+        of each of those models' queues, and who holds them: then the claim of the model picked,
+        and that model marked resident on the worker when it will have to load it."""
+        store = self._store
+        now = store.clock()
+        mine = {r["model"]: bool(r["resident"]) for r in (yield Read(
+            "SELECT model, resident FROM worker_models WHERE worker_id = ?", (worker_id,)))}
+        if resident is not None and (changed := routing.changes(mine, resident)):
+            yield WriteEach(UPSERT_MODEL, [(worker_id, m, int(r), now) for m, r in changed.items()])
+            mine.update(changed)
+        served = sorted(m for m in mine if m in store.models)
+        heads = (yield Read(*_heads(store.MODEL_QUEUE_INDEX, served))) if served else []
+        holders = {}
+        if any(not mine[h["model"]] for h in heads):  # a model it would load: who holds it, since when
+            holders = {r["model"]: (r["warm"], r["gained"]) for r in (yield Read(
+                "SELECT wm.model, COUNT(*) AS warm, MAX(wm.since) AS gained FROM worker_models wm"
+                f" JOIN workers w ON w.id = wm.worker_id WHERE wm.resident = 1 AND w.{TAKING} GROUP BY wm.model",
+                ()))}
+        model = routing.pick(heads, mine, holders, now, store.cold_wait_s, store.route)
+        if model is None:
+            if not mine:
+                check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
+            return []
+        got = yield from self._claim(worker_id, max_tasks, model)
+        if got and not mine[model]:
+            yield Write(UPSERT_MODEL, (worker_id, model, 1, now))
+        return got
+
+
+def _heads(index: str, models: list[str]) -> tuple[str, tuple]:
+    """One read: the first task in lease order of each model's queue."""
+    one = (f"SELECT * FROM (SELECT model, priority, seq, created_at FROM tasks{index} WHERE {CLAIMABLE}"
+           " AND model = ? ORDER BY priority DESC, seq LIMIT 1) AS h{i}")
+    return " UNION ALL ".join(one.format(i=i) for i in range(len(models))), tuple(models)

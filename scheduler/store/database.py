@@ -8,13 +8,14 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from protocol import TaskView
 from scheduler.store.base import NotFound, task_view
 from scheduler.store.plans import Plan, Read, Step, WriteEach, drive
+from scheduler.store.routing import Route
 
 
 class Database:
@@ -25,6 +26,7 @@ class Database:
     SKIP_LOCKED = ""  # appended to the claim's inner SELECT
     LOCK_ROW = ""  # appended to a SELECT of a row about to change
     QUEUE_INDEX = ""  # appended to `FROM tasks` where the queue is read in its order
+    MODEL_QUEUE_INDEX = ""  # likewise, where one model's queue is
     GREATEST = "MAX"  # the two-argument maximum
     WANTS_STARTED = "instr(webhook, '\"started\"') > 0"  # the webhook asks for the started event
     inline = False  # True: in-process and short, called on the app's event loop instead of a thread
@@ -32,12 +34,20 @@ class Database:
 
     def __init__(self, *, lease_ttl_s: float = 60.0, max_attempts: int = 3, liveness_s: float = 90.0,
                  retention_s: float = 86400.0, task_retention_s: float = 7 * 86400.0,
+                 models: Sequence[str] = (), default_model: str = "", cold_wait_s: float = 10.0,
+                 route: Route = "affinity",
                  clock: Callable[[], float] = time.time) -> None:
         self.lease_ttl_s = lease_ttl_s
         self.max_attempts = max_attempts
         self.liveness_s = liveness_s  # a worker silent this long is lost; its tasks go back
         self.retention_s = retention_s  # lost and replaced registrations are kept this long
         self.task_retention_s = task_retention_s  # ended tasks are kept this long (expires_at), then removed
+        # The fleet's models (config [models]): none, and tasks carry no model and any worker takes
+        # any task; else each task names one, and claims route (routing.py).
+        self.models = frozenset(models)
+        self.default_model = (default_model or models[0]) if models else None  # a task naming none
+        self.cold_wait_s = cold_wait_s
+        self.route = route
         self.clock = clock
         # Held tasks this process took back, by (reason code, "queued", "failed" or "cancelled"): for /metrics.
         self.reclaimed: Counter[tuple[str, str]] = Counter()

@@ -45,6 +45,7 @@ class SQLiteStore(SQLStore):
     GREATEST = "MAX"
     # Without statistics (no ANALYZE) its planner prefers tasks_status and sorts the whole queue.
     QUEUE_INDEX = " INDEXED BY tasks_queue"
+    MODEL_QUEUE_INDEX = " INDEXED BY tasks_model_queue"
 
     def __init__(self, path: str | Path, **options: Any) -> None:
         super().__init__(**options)

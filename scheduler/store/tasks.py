@@ -6,12 +6,13 @@ import json
 import uuid
 from typing import Any
 
-from protocol import QueueFigures, SubmitTask, TaskView
+from protocol import ModelFigures, QueueFigures, SubmitTask, TaskView
 from scheduler.store.base import Conflict
 from scheduler.store.database import Database, task_row
 from scheduler.drain import DRAIN_MIN_TASKS, DRAIN_WINDOW_S, queue_wait_s
 from scheduler.store.lifecycle import ENDED, HELD, INITIAL, status_in
 from scheduler.store.plans import Plan, Read, Write
+from scheduler.store.workers import TAKING
 
 
 class SQLTasks:
@@ -53,16 +54,17 @@ class SQLTasks:
                 break
         if row is None:
             raise Conflict(f"idempotency_key {req.idempotency_key!r} is being reused as its task is removed; retry")
-        if json.loads(row["input"]) != req.input or row["priority"] != req.priority:
+        if json.loads(row["input"]) != req.input or row["priority"] != req.priority or row["model"] != req.model:
             raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
         return self._store.view(row), False
 
     def _insert(self, req: SubmitTask, now: float, announce: bool) -> tuple[str, tuple]:
         sql = ("INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts, created_at, updated_at,"
-               " webhook) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING *")
+               " webhook, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING"
+               " RETURNING *")
         args = (uuid.uuid4().hex, req.idempotency_key, json.dumps(req.input, sort_keys=True), req.priority, INITIAL,
                 req.max_attempts or self._store.max_attempts, now, now,
-                req.webhook.model_dump_json() if req.webhook else None)
+                req.webhook.model_dump_json() if req.webhook else None, req.model)
         return (self._store._announced(sql) if announce else sql), args
 
     def get(self, task_id: str) -> TaskView:
@@ -97,8 +99,14 @@ class SQLTasks:
     def drain_rate(self, window_s: float = DRAIN_WINDOW_S) -> float:
         return _drain_rate(self._store._read(), self._store.clock(), window_s)
 
+    def models(self) -> dict[str, ModelFigures]:
+        return model_figures(self._store._read(), self._store.clock(), self._store.models)
+
     def figures(self) -> QueueFigures:
-        return _figures(self._store._read(), self._store.clock(), self._store.QUEUE_INDEX)
+        read, now = self._store._read(), self._store.clock()
+        figures = _figures(read, now, self._store.QUEUE_INDEX)
+        figures.models = model_figures(read, now, self._store.models)
+        return figures
 
     def recent(self, status: str, window_s: float, limit: int) -> list[TaskView]:
         """Tasks that ended in `status` within the last `window_s`, newest first (the status page)."""
@@ -150,3 +158,25 @@ def _figures(db: Any, now: float, queue_index: str) -> QueueFigures:
                         oldest_queued_age_s=None if oldest is None else round(now - oldest, 3), running=running,
                         ended_last_s=ended, workers_by_status=workers, drain_per_s=round(drain, 2),
                         wait_s_by_priority=waits)
+
+
+def model_figures(db: Any, now: float, models: frozenset[str]) -> dict[str, ModelFigures]:
+    """Per model of the fleet: its queue, what runs, and the live workers that hold it or can load it."""
+    if not models:
+        return {}
+    queued = {r["model"]: r for r in db.execute(
+        "SELECT model, COUNT(*) AS n, MIN(created_at) AS oldest FROM tasks WHERE status = 'queued'"
+        " AND model IS NOT NULL GROUP BY model")}
+    running = {r["model"]: r["n"] for r in db.execute(
+        f"SELECT model, COUNT(*) AS n FROM tasks WHERE {status_in(HELD)} AND model IS NOT NULL GROUP BY model")}
+    workers = {(r["model"], r["resident"]): r["n"] for r in db.execute(
+        "SELECT wm.model, wm.resident, COUNT(*) AS n FROM worker_models wm JOIN workers w ON w.id = wm.worker_id"
+        f" WHERE w.{TAKING} GROUP BY wm.model, wm.resident")}
+    out = {}
+    for model in sorted(models):
+        q = queued.get(model)
+        out[model] = ModelFigures(queued=q["n"] if q else 0,
+                                  oldest_queued_age_s=round(now - q["oldest"], 3) if q else None,
+                                  running=running.get(model, 0), warm_workers=workers.get((model, 1), 0),
+                                  loadable_workers=workers.get((model, 0), 0))
+    return out

@@ -32,6 +32,8 @@ class SQLUpkeep:
             taken += [t for worker in lost for t in worker.taken]
             db.execute(f"DELETE FROM workers WHERE status IN {CLOSED}"
                        " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self._store.retention_s,))
+            db.execute("DELETE FROM worker_models WHERE NOT EXISTS"
+                       " (SELECT 1 FROM workers WHERE workers.id = worker_models.worker_id)")
             self._store._notify(db, len(taken))
         settle(self._store, taken)
         for worker in lost:

@@ -8,7 +8,7 @@ import json
 import uuid
 from typing import Any
 
-from protocol import ErrorCode, Heartbeat, HeartbeatReply, RegisterWorker, WorkerLimits, WorkerView
+from protocol import ErrorCode, Heartbeat, HeartbeatReply, RegisterWorker, WorkerLimits, WorkerModels, WorkerView
 from scheduler import leases
 from scheduler.store.base import NotFound, worker_view
 from scheduler.store.database import Database
@@ -31,8 +31,9 @@ class SQLWorkers:
         with self._store._tx() as db:
             db.execute("INSERT INTO workers (id, info, status, registered_at, node_id, limits)"
                        " VALUES (?, ?, 'initializing', ?, ?, ?)",
-                       (worker_id, req.model_dump_json(exclude={"node_id", "limits"}), now, req.node_id,
+                       (worker_id, req.model_dump_json(exclude={"node_id", "limits", "models"}), now, req.node_id,
                         req.limits.model_dump_json() if req.limits else None))
+            set_models(db, worker_id, req.models or held_alone(req.model), now)
             taken = self._replace(db, req.node_id, worker_id, now) if req.node_id else []
             self._store._notify(db, len(taken))
         settle(self._store, taken)
@@ -61,6 +62,8 @@ class SQLWorkers:
                        " in_flight = ?, last_heartbeat = ?, warnings = ?, counters = ?, safety_policy = ? WHERE id = ?",
                        (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
                         hb.safety_policy, worker_id))
+            if hb.models is not None:
+                set_models(db, worker_id, hb.models, now)
             rows = db.execute(f"UPDATE tasks SET lease_deadline = ?, updated_at = ? WHERE {held} AND {in_ids}"
                               " RETURNING id, cancel_requested_at", (deadline, now, *held_args, ids)).fetchall()
         renewed = {r["id"] for r in rows}
@@ -84,15 +87,40 @@ class SQLWorkers:
         return HeartbeatReply(renewed={}, lost=list(hb.in_flight))
 
     def workers(self) -> list[WorkerView]:
-        rows = self._store._read().execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
+        read = self._store._read()
+        rows = read.execute("SELECT * FROM workers ORDER BY registered_at").fetchall()
+        held: dict[str, WorkerModels] = {}
+        for r in read.execute("SELECT worker_id, model, resident FROM worker_models ORDER BY model"):
+            models = held.setdefault(r["worker_id"], WorkerModels())
+            (models.resident if r["resident"] else models.loadable).append(r["model"])
         now = self._store.clock()
-        return [worker_view(r, now) for r in rows]
+        return [worker_view(r, now, held.get(r["id"])) for r in rows]
 
     def fleet_limits(self) -> list[WorkerLimits | None]:
         """The distinct limits of the workers that can take tasks (one row per kind of worker, however
         many there are); None for workers that advertised none."""
         rows = self._store._read().execute(f"SELECT DISTINCT limits FROM workers WHERE {TAKING}").fetchall()
         return [_limits(r["limits"]) if r["limits"] else None for r in rows]
+
+
+def held_alone(model: str) -> WorkerModels:
+    """What a worker that names no models holds: the one it registered with (as it named it: an
+    older worker's name need not be a model id, and matches none of the fleet's then)."""
+    return WorkerModels.model_construct(resident=[model] if model else [], loadable=[])
+
+
+def set_models(db: Any, worker_id: str, models: WorkerModels, now: float) -> None:
+    """What a worker holds and can load, replacing what it said before; a model it still holds
+    keeps the time it gained it (routing.py: one more worker per cold_wait_s)."""
+    was = {r["model"]: r for r in db.execute(
+        "SELECT model, resident, since FROM worker_models WHERE worker_id = ?", (worker_id,)).fetchall()}
+    db.execute("DELETE FROM worker_models WHERE worker_id = ?", (worker_id,))
+    resident = dict.fromkeys(models.resident)
+    rows = [(m, 1, was[m]["since"] if m in was and was[m]["resident"] else now) for m in resident]
+    rows += [(m, 0, now) for m in dict.fromkeys(models.loadable) if m not in resident]
+    for model, flag, since in rows:
+        db.execute("INSERT INTO worker_models (worker_id, model, resident, since) VALUES (?, ?, ?, ?)",
+                   (worker_id, model, flag, since))
 
 
 def require_worker(db: Any, worker_id: str) -> None:

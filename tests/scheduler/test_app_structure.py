@@ -18,11 +18,13 @@ from scheduler.store import Cancelled, Conflict, NotFound
 SCHEDULER = REPO / "scheduler"
 ROUTES = ["tasks.py", "workers.py", "reports.py", "ops.py", "status.py"]
 
-# (path, methods, tags) of every documented route, as the app had them before the split (issue 26).
+# (path, methods, tags) of every documented route, as the app had them before the split (issue 26),
+# and those added since (/v1/models, issue 29).
 BEFORE = [
     ("/v1/tasks", ["post", "get"], "clients"),
     ("/v1/tasks/batch", ["post"], "clients"),
     ("/v1/queue", ["get"], "clients"),
+    ("/v1/models", ["get"], "clients"),
     ("/v1/tasks/{task_id}", ["get"], "clients"),
     ("/v1/tasks/{task_id}/cancel", ["post"], "clients"),
     ("/v1/workers", ["get", "post"], "workers"),
@@ -84,6 +86,7 @@ class FakeStore:
     """Just enough of a Store for the app to start; each role's calls raise what a test sets."""
 
     lease_ttl_s, inline, location = 60.0, True, "fake"
+    models, default_model, cold_wait_s = frozenset(), None, 10.0
 
     def __init__(self, error: Exception | None = None) -> None:
         def fails(*args):

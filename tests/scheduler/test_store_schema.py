@@ -11,7 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from protocol import Heartbeat
-from scheduler.store import SQLiteStore
+from scheduler.store import SQLiteStore, schema
 from scheduler.store.postgres import PostgresStore
 from tests.scheduler.test_store import ok, worker
 
@@ -26,8 +26,8 @@ def test_sqlite_and_postgresql_end_with_the_same_schema(postgres, tmp_path):
     PostgresStore(url, pool_size=2).close()
     with sqlite3.connect(tmp_path / "s.db") as lite, psycopg.connect(url, row_factory=dict_row) as pg:
         on_sqlite, on_postgres = describe_sqlite(lite), describe_postgres(pg)
-    assert set(on_sqlite) == {"tasks", "workers", "schema_migrations"}
-    assert len(on_sqlite["tasks"]["indexes"]) == 6 and on_sqlite["tasks"]["unique"] == {("id",), ("idempotency_key",)}
+    assert set(on_sqlite) == {"tasks", "workers", "worker_models", "schema_migrations"}
+    assert len(on_sqlite["tasks"]["indexes"]) == 7 and on_sqlite["tasks"]["unique"] == {("id",), ("idempotency_key",)}
     for table in on_sqlite:
         assert on_sqlite[table] == on_postgres[table], table
 
@@ -47,7 +47,7 @@ def test_an_sqlite_file_from_the_inline_schema_keeps_its_tasks_and_gets_the_migr
     SQLiteStore(tmp_path / "fresh.db").close()
     with sqlite3.connect(tmp_path / "old.db") as adopted, sqlite3.connect(tmp_path / "fresh.db") as fresh:
         versions = [v for (v,) in adopted.execute("SELECT version FROM schema_migrations ORDER BY version")]
-        assert versions == [1, 2, 3, 4, 5, 6]
+        assert versions == [m.version for m in schema.migrations()]
         assert describe_sqlite(adopted) == describe_sqlite(fresh)
 
 
