@@ -1,8 +1,9 @@
-"""The tiny random-weight FLUX pipeline for the demo and the tests, saved to a folder
-(`dit-worker make-tiny-model DIR`).
+"""The tiny random-weight pipelines for the demo and the tests, saved to a folder
+(`dit-worker make-tiny-model DIR [--arch tiny|tiny-pixart]`): FLUX by default, or PixArt-Sigma,
+the second family.
 
-The folder written by `save_pretrained` loads through the same `FluxPipeline.from_pretrained` path
-as the real model.
+The folder written by `save_pretrained` loads through the same `DiffusionPipeline.from_pretrained`
+path as the real model.
 """
 
 from __future__ import annotations
@@ -12,25 +13,30 @@ from pathlib import Path
 
 from worker.model.architectures import build_pipeline
 
-
-def build_tiny_pipeline(seed: int = 0):
-    return build_pipeline("tiny", seed)
+TINY_ARCHS = ("tiny", "tiny-pixart")
 
 
-def make_tiny_model(directory: str | Path, seed: int = 0) -> Path:
+def build_tiny_pipeline(seed: int = 0, arch: str = "tiny"):
+    return build_pipeline(arch, seed)
+
+
+def make_tiny_model(directory: str | Path, seed: int = 0, arch: str = "tiny") -> Path:
     directory = Path(directory)
     from diffusers.utils import logging as dlog
 
     dlog.disable_progress_bar()
-    build_tiny_pipeline(seed).save_pretrained(directory)
+    build_tiny_pipeline(seed, arch).save_pretrained(directory)
     return directory
 
 
 def main(argv: list[str]) -> int:
-    """`dit-worker make-tiny-model DIR`, registered as a dit-worker plug-in command."""
+    """`dit-worker make-tiny-model DIR [--arch tiny|tiny-pixart]`, registered as a dit-worker plug-in
+    command."""
     p = argparse.ArgumentParser(prog="dit-worker make-tiny-model", description=__doc__)
     p.add_argument("directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", choices=TINY_ARCHS, default="tiny",
+                   help="tiny: FLUX (the default); tiny-pixart: PixArt-Sigma")
     args = p.parse_args(argv)
-    print(make_tiny_model(args.directory, args.seed))
+    print(make_tiny_model(args.directory, args.seed, args.arch))
     return 0

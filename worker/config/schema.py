@@ -48,7 +48,7 @@ class ModelConfig(Section):
     max_sequence_length: int = Field(256, ge=1, le=512)
     # Benchmarks only: build this architecture with random weights instead of loading `source`.
     # Speed does not depend on the values; the images are noise.
-    random_arch: Literal["none", "tiny", "flux.1-schnell"] = "none"
+    random_arch: Literal["none", "tiny", "tiny-pixart", "flux.1-schnell"] = "none"
 
 
 class LimitsConfig(Section):

@@ -1,16 +1,20 @@
 """The model: loaded once per rank, kept resident, run per batch of compatible jobs.
 
-`model.source` is a Hub id or a local directory for `FluxPipeline.from_pretrained`; HF_HUB_OFFLINE is
-honoured by huggingface_hub itself. `model.random_arch` builds an architecture with random weights
-instead (benchmarks where no weights can be downloaded).
+`model.source` is a Hub id or a local directory for `DiffusionPipeline.from_pretrained`, which picks
+the pipeline class from its model_index.json (FluxPipeline, PixArtSigmaPipeline, ...); HF_HUB_OFFLINE
+is honoured by huggingface_hub itself. `model.random_arch` builds an architecture with random weights
+instead (benchmarks where no weights can be downloaded, and the tests' second family).
 
-A job's image depends only on its own (prompt, seed, size, steps): each job has its own generator,
-and each prompt is embedded on its own (optionally from the LRU cache), so batching changes only
-the kernels' rounding, never the noise or the conditioning.
+A FluxPipeline gets the prompts' embeddings from the engine (each prompt on its own, optionally from
+the LRU cache); any other pipeline is called with the prompts and embeds them itself. Either way a
+job's image depends only on its own (prompt, seed, size, steps): each job has its own generator, and
+each prompt is embedded on its own row, so batching changes only the kernels' rounding, never the
+noise or the conditioning.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import resource
 import time
@@ -40,7 +44,8 @@ class Picture:
 @dataclass
 class Batch:
     pictures: list[Picture]
-    # Wall time of the whole batch per stage, ms: embed (T5 + CLIP), denoise, vae (decode + to 8 bits).
+    # Wall time of the whole batch per stage, ms: embed (the text encoders), denoise, vae (decode + to
+    # 8 bits). For a pipeline that embeds its prompts itself, embed ends when its encode_prompt returns.
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -56,6 +61,9 @@ class Engine:
         self.cache_hits = 0
         self.compile_cache = compile_cache
         self._compiled_cold = False  # the compile cache was set aside once already
+        # FLUX: the engine embeds the prompts (LRU cache); any other family: the pipeline does.
+        self.flux = is_flux(pipe)
+        self._options, self._callback = ({}, None) if pipe is None or self.flux else _call_options(pipe, cfg)
 
     @classmethod
     def load(cls, cfg: ModelConfig, device: torch.device, speed_cfg: SpeedConfig = SpeedConfig(),
@@ -75,9 +83,14 @@ class Engine:
         applied = speed.before_parallel(pipe, speed_cfg)
         context = parallel.context_parallel(parallel_cfg, world_size)
         if context:
+            if getattr(pipe.transformer, "_cp_plan", None) is None:
+                raise ValueError(f"parallel.mode: 'context' needs a transformer with a context-parallel plan; "
+                                 f"{type(pipe.transformer).__name__} has none (use mode = 'data')")
             parallel.enable_context_parallel(pipe.transformer, parallel_cfg, world_size, device)
         applied += speed.after_parallel(pipe, speed_cfg, fullgraph=not context)
         pipe.set_progress_bar_config(disable=True)
+        if speed_cfg.prompt_cache_size and not is_flux(pipe):
+            log.info("speed.prompt_cache_size skipped: %s embeds its prompts itself", type(pipe).__name__)
         log.info("loaded %s from %s on %s in %.1fs; speed-ups: %s", cfg.name, _origin(cfg), device,
                  time.perf_counter() - t0, ", ".join(applied) or "none")
         return cls(pipe, cfg, device, speed_cfg.prompt_cache_size, compile_cache)
@@ -95,6 +108,8 @@ class Engine:
             raise ValueError("a batch mixes sizes or step counts")
         if any(j.seed is None for j in jobs):
             raise ValueError("job has no seed; rank 0 draws one before the broadcast")
+        if not self.flux:
+            return self._generate_other(jobs, on_step)
         t0 = time.perf_counter()
         embeds, pooled = zip(*(self._embed(j.prompt) for j in jobs))
         self._sync()
@@ -122,6 +137,58 @@ class Engine:
         self.generations += len(jobs)
         denoised = marks.get("denoised", t2)
         return Batch(pictures, {"embed": (t1 - t0) * 1e3, "denoise": (denoised - t1) * 1e3,
+                                "vae": (t2 - denoised) * 1e3})
+
+    def _generate_other(self, jobs: list[Job], on_step: Callable[[int], None] | None) -> Batch:
+        """A pipeline of another family (PixArt-Sigma, ...), called with the prompts themselves."""
+        first = jobs[0]
+        marks: dict[str, float] = {}
+
+        def step_done(i: int) -> None:
+            if i == first.steps - 1:  # after the last scheduler step: denoising is done
+                self._sync()
+                marks["denoised"] = time.perf_counter()
+            if on_step is not None:
+                on_step(i)
+
+        callback = {}
+        if self._callback == "callback_on_step_end":
+            callback["callback_on_step_end"] = lambda _pipe, i, _t, _kwargs: step_done(i) or {}
+        elif self._callback == "callback":  # the older interface, PixArt's: after every step
+            callback.update(callback=lambda i, _t, _latents: step_done(i), callback_steps=1)
+
+        # The end of the text encoding, from the pipeline's own encode_prompt (plain Python, never
+        # compiled: the compiled modules are the encoders it calls), wrapped for this call only.
+        encode = self.pipe.encode_prompt
+
+        def timed_encode(*args, **kwargs):
+            out = encode(*args, **kwargs)
+            self._sync()
+            marks.setdefault("embedded", time.perf_counter())
+            return out
+
+        own = vars(self.pipe).get("encode_prompt")  # one set on the instance (a test's), if any
+        t0 = time.perf_counter()
+        self.pipe.encode_prompt = timed_encode
+        try:
+            images = self._compiling(lambda: self.pipe(
+                prompt=[j.prompt for j in jobs], width=first.width, height=first.height,
+                num_inference_steps=first.steps, guidance_scale=self.cfg.guidance_scale,
+                # A CPU generator per job draws the same noise on every device, rank count and batch.
+                generator=[torch.Generator("cpu").manual_seed(j.seed) for j in jobs],
+                output_type="pt", **self._options, **callback,
+            ).images)
+        finally:
+            if own is None:
+                del self.pipe.encode_prompt  # the class's own again
+            else:
+                self.pipe.encode_prompt = own
+        pictures = to_pictures(images)
+        t2 = time.perf_counter()
+        self.generations += len(jobs)
+        embedded = marks.get("embedded", t0)
+        denoised = marks.get("denoised", t2)
+        return Batch(pictures, {"embed": (embedded - t0) * 1e3, "denoise": (denoised - embedded) * 1e3,
                                 "vae": (t2 - denoised) * 1e3})
 
     def _compiling(self, run):
@@ -161,16 +228,42 @@ class Engine:
 
 
 def load_pipeline(cfg: ModelConfig, device: torch.device):
-    """The pipeline as from_pretrained gives it (or random weights of `random_arch`), not yet placed
-    on `device` unless built there."""
+    """The pipeline as from_pretrained gives it, of the class its model_index.json names (or random
+    weights of `random_arch`), not yet placed on `device` unless built there."""
     dtype = getattr(torch, cfg.dtype)
     if cfg.random_arch != "none":
         from worker.model.architectures import build_pipeline
 
         return build_pipeline(cfg.random_arch, dtype=dtype, device=device)
-    from diffusers import FluxPipeline  # heavy import, kept out of module import time
+    from diffusers import DiffusionPipeline  # heavy import, kept out of module import time
 
-    return FluxPipeline.from_pretrained(cfg.source, revision=cfg.revision, dtype=dtype)
+    return DiffusionPipeline.from_pretrained(cfg.source, revision=cfg.revision, dtype=dtype)
+
+
+def is_flux(pipe) -> bool:
+    if pipe is None:
+        return False
+    from diffusers import FluxPipeline
+
+    return isinstance(pipe, FluxPipeline)
+
+
+def _call_options(pipe, cfg: ModelConfig) -> tuple[dict, str | None]:
+    """What the generic path passes to a pipeline of another family, of what its __call__ accepts,
+    and the step callback it takes: callback_on_step_end, the older callback, or none (then the
+    whole call after the text encoding counts as denoise)."""
+    accepted = inspect.signature(type(pipe).__call__).parameters
+    wanted = dict(
+        max_sequence_length=cfg.max_sequence_length,
+        # PixArt's binning denoises at the nearest trained aspect ratio and resizes the image: the
+        # worker validates sizes itself, and its warm-up and batches are keyed on the size asked for.
+        use_resolution_binning=False,
+        # Caption cleaning needs bs4 and ftfy, which the worker does not install; without them PixArt
+        # falls back to this (lower-case, strip) with two warnings per call.
+        clean_caption=False,
+    )
+    callback = next((name for name in ("callback_on_step_end", "callback") if name in accepted), None)
+    return {k: v for k, v in wanted.items() if k in accepted}, callback
 
 
 def _origin(cfg: ModelConfig) -> str:

@@ -7,6 +7,11 @@
 Fusing comes before fp8 so the fused projection is what gets quantized; the attention backend comes
 before context parallelism, which checks that the backend supports it; compile comes last so it
 traces the final modules. `check` refuses, at start and naming the field, what this device cannot do.
+
+The switches were written for FLUX; on a pipeline of another family (PixArt-Sigma) a switch its
+modules do not support is skipped with a log line instead of failing: an attention backend where
+the attention processors call SDPA directly, regional compile where the transformer names no
+repeated blocks (the whole transformer is compiled instead).
 """
 
 from __future__ import annotations
@@ -81,15 +86,24 @@ def place(pipe, cfg: SpeedConfig, device: torch.device) -> None:
 def before_parallel(pipe, cfg: SpeedConfig) -> list[str]:
     """The switches that change modules. Returns what was applied, for the log."""
     done = []
+    transformer = type(pipe.transformer).__name__
     if cfg.fuse_qkv:
-        pipe.transformer.fuse_qkv_projections()
-        done.append("fused QKV")
+        if hasattr(pipe.transformer, "fuse_qkv_projections"):
+            pipe.transformer.fuse_qkv_projections()
+            done.append("fused QKV")
+        else:
+            log.info("speed.fuse_qkv skipped: %s cannot fuse its projections", transformer)
     if cfg.channels_last_vae:
         pipe.vae.to(memory_format=torch.channels_last)
         done.append("channels_last VAE")
     if cfg.attention_backend:
-        pipe.transformer.set_attention_backend(cfg.attention_backend)
-        done.append(f"attention {cfg.attention_backend}")
+        # diffusers sets the backend on processors that dispatch through it; the older ones
+        # (PixArt's AttnProcessor2_0) call SDPA themselves and would silently ignore it.
+        if any(hasattr(p, "_attention_backend") for p in getattr(pipe.transformer, "attn_processors", {}).values()):
+            pipe.transformer.set_attention_backend(cfg.attention_backend)
+            done.append(f"attention {cfg.attention_backend}")
+        else:
+            log.info("speed.attention_backend skipped: %s's attention processors call SDPA directly", transformer)
     if cfg.fp8:
         done.append(quantize_fp8(pipe.transformer, cfg.fp8_scales))
     return done
@@ -144,16 +158,22 @@ def after_parallel(pipe, cfg: SpeedConfig, fullgraph: bool = True) -> list[str]:
         # hooks need breaks); dynamic=False: the warm-up compiles each (size, batch) the worker
         # serves, so no request pays for a recompile.
         options = dict(fullgraph=fullgraph, dynamic=False, mode=cfg.compile_mode)
-        if cfg.compile_scope == "blocks":
+        scope = cfg.compile_scope
+        if scope == "blocks" and not getattr(pipe.transformer, "_repeated_blocks", None):
+            log.info("speed.compile_scope = 'blocks' skipped: %s names no repeated blocks; compiling the whole model",
+                     type(pipe.transformer).__name__)
+            scope = "model"
+        if scope == "blocks":
             pipe.transformer.compile_repeated_blocks(**options)
         else:
             pipe.transformer.compile(**options)
-        done.append(f"compiled transformer ({cfg.compile_scope}, {cfg.compile_mode})")
+        done.append(f"compiled transformer ({scope}, {cfg.compile_mode})")
     if cfg.compile_vae:
         pipe.vae.decoder.compile(dynamic=False, mode=cfg.compile_mode)
         done.append("compiled VAE decoder")
     if cfg.compile_text:
-        for encoder in (pipe.text_encoder, pipe.text_encoder_2):
+        # FLUX has two (CLIP, T5), PixArt one (T5).
+        for encoder in filter(None, (getattr(pipe, "text_encoder", None), getattr(pipe, "text_encoder_2", None))):
             encoder.compile(dynamic=False, mode=cfg.compile_mode)
         done.append("compiled text encoders")
     return done
