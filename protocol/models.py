@@ -158,6 +158,7 @@ class TaskResult(_Wire):
                                          "broadcast, embed, denoise, vae, gather, generate, image_check, encode, store")
     batch_size: int = Field(1, description="images generated together with this one on its rank")
     rank: int = Field(0, description="the rank that generated it (data-parallel mode)")
+    model: str | None = Field(None, max_length=200, description="the model that made it")
 
 
 class TaskView(_Strict):

@@ -45,6 +45,14 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_pixart(tmp_path_factory) -> Path:
+    """A second DiT family, PixArt-Sigma, tiny and random, saved as from_pretrained reads it."""
+    from tools.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-pixart", arch="tiny-pixart")
+
+
+@pytest.fixture(scope="session")
 def detoxify_dir(tmp_path_factory) -> Path:
     """A tiny random-weight detoxify checkpoint with its HF config and tokenizer, built offline."""
     from tools.random_safety import make_detoxify_checkpoint

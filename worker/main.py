@@ -19,7 +19,6 @@ from safety.verdicts import SafetyLoadError
 from telemetry import logs
 from worker.config import ConfigError, load_config
 from worker.model import speed
-from worker.model.engine import Engine
 from worker.nodedir import NodeDir
 from worker.ranks import distributed, lockstep
 from worker.serving import assembly
@@ -67,16 +66,14 @@ def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None
         start = distributed.broadcast(_register(coordinator, node, devices), ctx)  # rank 0 decides for all
         if start != SERVE:
             return _left_before_serving(start, node, ctx)
-        engine = Engine.load(cfg.model, ctx.device, cfg.speed, cfg.parallel, ctx.world_size)
-        lockstep.warm_up(engine, cfg.warmup.sizes, range(1, cfg.batch.max_size + 1), cfg.warmup.prompt,
-                         cfg.limits.default_steps, ctx, cfg.parallel.mode)
+        resident = lockstep.start_models(cfg, ctx)  # [model], loaded and warmed up on every rank
         distributed.enter_serving(ctx, cfg.distributed)
         if coordinator:
-            coordinator.serve(engine)
+            coordinator.serve(resident)
             if node:
                 node.record_drained()
         else:
-            log.info("follower stopped: %s", lockstep.follow(engine, ctx, cfg.parallel.mode))
+            log.info("follower stopped: %s", lockstep.follow(resident, ctx, cfg.parallel.mode))
     except distributed.CollectiveError as e:
         # Peers may be stuck in the collective: exit at once, torchrun restarts the group.
         log.critical("%s; exiting so the group is restarted", e)

@@ -11,6 +11,7 @@ from worker.config.schema import (
     LocalStorageConfig,
     LoggingConfig,
     ModelConfig,
+    SwapConfig,
     ParallelConfig,
     QueueConfig,
     SpeedConfig,
@@ -21,5 +22,5 @@ from worker.config.schema import (
 )
 
 __all__ = ["BatchConfig", "DeadlinesConfig", "ConfigError", "DistributedConfig", "EncodeConfig", "GCSConfig", "LimitsConfig",
-           "LocalStorageConfig", "LoggingConfig", "ModelConfig", "ParallelConfig", "QueueConfig", "SpeedConfig",
+           "LocalStorageConfig", "LoggingConfig", "ModelConfig", "SwapConfig", "ParallelConfig", "QueueConfig", "SpeedConfig",
            "StorageConfig", "StoreTarget", "WarmupConfig", "WorkerConfig", "describe_errors", "load_config"]

@@ -49,6 +49,20 @@ class ModelConfig(Section):
     # Benchmarks only: build this architecture with random weights instead of loading `source`.
     # Speed does not depend on the values; the images are noise.
     random_arch: Literal["none", "tiny", "tiny-pixart", "flux.1-schnell"] = "none"
+    # Several models on one worker ([models.<id>]): a resident model whose priority is twice
+    # another's must sit idle twice as long before it is evicted for a swap.
+    priority: float = Field(1.0, gt=0)
+    # Its size resident, against swap.memory_budget_mb; 0: what its weights measure once loaded
+    # (before its first load, it is assumed to need the whole budget).
+    memory_mb: int = Field(0, ge=0)
+
+
+class SwapConfig(Section):
+    """How a worker with several models ([model] and [models.<id>]) holds them: rank 0 decides a
+    swap and every rank loads and warms up in lockstep before that model's tasks run."""
+
+    # What the resident models may take together; 0: one model resident at a time.
+    memory_budget_mb: int = Field(0, ge=0)
 
 
 class LimitsConfig(Section):
@@ -231,6 +245,9 @@ class DeadlinesConfig(Section):
     # are reported in lease order) and the report's own retries (queue.report_deadline_s).
     report_s: float = Field(180.0, gt=0)
     stall_s: float = Field(300.0, gt=0, description="serve loop without a finished turn; then exit")
+    # A swap to another model ([models.<id>]): evict, load and warm up on every rank. The round
+    # that needs it waits this long at most; the serve loop is not stalled meanwhile.
+    swap_s: float = Field(900.0, gt=0, description="a swap: evict, load and warm up another model")
 
     @model_validator(mode="after")
     def _stall_outlives_a_turn(self) -> "DeadlinesConfig":
@@ -275,13 +292,27 @@ class WorkerConfig(Section):
     deadlines: DeadlinesConfig
     logging: LoggingConfig
     ops: OpsConfig
+    swap: SwapConfig
+    # Other models this worker can load, by id (the scheduler's models.ids): [models.<id>], each
+    # like [model]; [model] is the one loaded at start.
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
     def _missing_sections_are_empty(cls, data):
         if not isinstance(data, dict):
             return data
-        return {**{name: {} for name in cls.model_fields}, **data}
+        data = {**{name: {} for name in cls.model_fields}, **data}
+        if isinstance(data["models"], dict):  # each named by its key, on [model]'s device unless it says
+            device = data["model"].get("device", "auto") if isinstance(data["model"], dict) else "auto"
+            data["models"] = {k: {"device": device, **v, "name": k} if isinstance(v, dict) else v
+                              for k, v in data["models"].items()}
+        return data
+
+    @property
+    def catalog(self) -> dict[str, ModelConfig]:
+        """Every model this worker serves, by id: [model] first."""
+        return {self.model.name: self.model, **self.models}
 
     @model_validator(mode="after")
     def _collectives_outlive_rank0_io(self) -> "WorkerConfig":
@@ -306,7 +337,18 @@ class WorkerConfig(Section):
                 raise ValueError(f"warmup.sizes: {w}x{h} is not a size the limits allow "
                                  f"(multiples of 16 within [{lim.min_side}, {lim.max_side}])")
         self._speed_fits_device()
+        self._models_fit()
         return self
+
+    def _models_fit(self) -> None:
+        if self.model.name in self.models:
+            raise ValueError(f"models.{self.model.name}: is [model] already (the model loaded at start)")
+        for name, m in self.models.items():
+            if m.device != self.model.device:
+                raise ValueError(f"models.{name}.device: {m.device!r}, but [model] is on {self.model.device!r}: "
+                                 "one worker serves from one device")
+            if self.speed.fp8 and m.dtype == "float32":
+                raise ValueError(f"models.{name}.dtype: speed.fp8 quantizes a bfloat16/float16 model")
 
     def _speed_fits_device(self) -> None:
         """What can be refused from the file alone; worker.model.speed checks the device at start."""

@@ -17,3 +17,4 @@ class Job(BaseModel):
     steps: int
     seed: int | None
     output_format: str
+    model: str | None = None  # the model that makes it (the worker's registry); None: the one loaded at start

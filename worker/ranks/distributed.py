@@ -102,6 +102,12 @@ def enter_serving(ctx: DistContext, cfg: DistributedConfig) -> None:
     ctx.serve_group = dist.new_group(backend=ctx.backend, timeout=timedelta(seconds=cfg.serve_timeout_s))
 
 
+def load_group() -> Any:
+    """The default group, whose timeout is distributed.load_timeout_s: for loading and warming up,
+    at start and in a swap, where a rank may work for minutes before the next collective."""
+    return dist.group.WORLD
+
+
 def pick_device(pref: str, local_rank: int, dtype: str = "float32") -> torch.device:
     """"auto" is CUDA when one is visible. Without one it falls back to the CPU only for float32
     models: a bfloat16/float16 model (production FLUX) on a CPU would serve at minutes per image, and

@@ -13,10 +13,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from worker.config import WorkerConfig
 from worker.model.engine import Batch, Engine, Picture
 from worker.model.job import Job
 from worker.ranks import sharing
-from worker.ranks.distributed import DistContext, all_gather, broadcast, gather
+from worker.model.resident import Resident
+from worker.ranks.distributed import DistContext, all_gather, broadcast, gather, load_group
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,15 @@ class Shutdown:
     reason: str
 
 
-Command = Idle | Generate | Shutdown
+@dataclass(frozen=True)
+class Swap:
+    """Evict these models, then load and warm up `load`, on every rank (worker.model.resident)."""
+
+    load: str
+    evict: tuple[str, ...] = ()
+
+
+Command = Idle | Generate | Shutdown | Swap
 
 
 @dataclass
@@ -91,28 +101,67 @@ def _error(part: Batch | str) -> str | None:
     return part if isinstance(part, str) else None
 
 
-def follow(engine: Engine, ctx: DistContext, mode: str = "data") -> str:
+def follow(resident: Resident, ctx: DistContext, mode: str = "data") -> str:
     """A follower's whole serve loop. Returns the shutdown reason."""
     while True:
         cmd: Command = broadcast(None, ctx)
         if isinstance(cmd, Shutdown):
             return cmd.reason
-        if isinstance(cmd, Generate):
-            generate(engine, cmd.batches, ctx, mode)
+        if isinstance(cmd, Swap):
+            swap(resident, cmd, ctx)
+        elif isinstance(cmd, Generate):
+            generate(resident.engine(model_of(cmd.batches, resident)), cmd.batches, ctx, mode)
+
+
+def model_of(batches: Sequence[Sequence[Job]], resident: Resident) -> str:
+    """A round's model (its jobs share one); a job naming none is the model loaded at start."""
+    return batches[0][0].model or resident.names()[0]
+
+
+def swap(resident: Resident, cmd: Swap, ctx: DistContext) -> list[str]:
+    """Every rank evicts, loads and warms up, then all agree: [] when every rank holds `cmd.load`
+    now, else what went wrong on each rank that failed (and no rank keeps it). The agreement is on
+    the default group, whose timeout covers a load."""
+    for name in cmd.evict:
+        resident.evict(name)
+    error = None
+    try:
+        resident.load(cmd.load)
+    except Exception as e:  # a bad checkpoint, out of memory: that model fails, the worker goes on
+        log.exception("loading %s failed", cmd.load)
+        error = f"rank {ctx.rank}: {type(e).__name__}: {e}"
+    errors = [e for e in all_gather(error, ctx, load_group()) if e is not None]
+    if errors:
+        resident.evict(cmd.load)
+    return errors
+
+
+def start_models(cfg: WorkerConfig, ctx: DistContext) -> Resident:
+    """Every rank's models: [model] loaded and warmed up now, the others ([models.<id>]) on a Swap."""
+    def load(name: str) -> Engine:
+        return Engine.load(cfg.catalog[name], ctx.device, cfg.speed, cfg.parallel, ctx.world_size)
+
+    def warm(engine: Engine) -> None:
+        warm_up(engine, cfg.warmup.sizes, range(1, cfg.batch.max_size + 1), cfg.warmup.prompt,
+                cfg.limits.default_steps, ctx, cfg.parallel.mode, engine.cfg.name)
+
+    resident = Resident(load, warm)
+    resident.load(cfg.model.name)
+    return resident
 
 
 def warm_up(engine: Engine, sizes: tuple[tuple[int, int], ...], batch_sizes: range, prompt: str, steps: int,
-            ctx: DistContext, mode: str = "data") -> None:
+            ctx: DistContext, mode: str = "data", model: str | None = None) -> None:
     """Runs every configured size at every batch size on every rank before the worker reports ready,
     so compiled graphs exist for each shape a request can bring."""
     for width, height in sizes:
         for n in batch_sizes:
             # Each rank generates a batch of n images: its own in data mode, the same one in context mode.
             batches = [[Job(task_id=f"warmup-{s}-{i}", prompt=prompt, width=width, height=height, steps=steps,
-                            seed=i, output_format="png") for i in range(n)]
+                            seed=i, output_format="png", model=model) for i in range(n)]
                        for s in range(sharing.slots(ctx.world_size, mode))]
             t0 = time.perf_counter()
-            outs = generate(engine, batches, ctx, mode, group=None)  # default group: the generous load timeout
+            outs = generate(engine, batches, ctx, mode, group=load_group())  # the generous load timeout
             if outs and outs[0].errors:
                 raise RuntimeError(f"warm-up at {width}x{height}, batch {n} failed: {'; '.join(outs[0].errors)}")
             log.info("warm-up %dx%d batch %d: %.2fs", width, height, n, time.perf_counter() - t0)

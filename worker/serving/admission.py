@@ -24,6 +24,7 @@ from worker.model.job import Job
 from worker.model.parallel import sequence_fits
 from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.reporter import Reporter
+from worker.serving.swapping import Models
 from worker.serving.task import Task
 from worker.serving.validation import InvalidRequest, validate_task
 
@@ -45,6 +46,8 @@ class Admission:
     ledger: Ledger
     context_ranks: int = 0  # context parallelism splits each image's sequence over this many ranks
     text_tokens: int = 0  # the text's share of that sequence (model.max_sequence_length)
+    models: Models | None = None  # several models: which it serves; None: the one it loaded
+
 
     def admit(self, tasks: list[Task]) -> list[Task]:
         """The tasks of one lease call that may be generated (their jobs set): each screened, then
@@ -64,6 +67,10 @@ class Admission:
     def _valid(self, task: Task) -> bool:
         """Held from now on, and its job set; False: the task was failed and reported."""
         self.ledger.hold(task, Stage.ADMIT)  # from now on the heartbeat renews it
+        if self.models and (why := self.models.refusal(task.lease.model or self.models.first)):
+            # Another worker may hold or load it: retryable.
+            self.reporter.fail(task, ErrorCode.MODEL_UNAVAILABLE, why, retryable=True)
+            return False
         try:
             task.job = self._validate(task)
         except InvalidRequest as e:
@@ -92,6 +99,8 @@ class Admission:
         job = validate_task(task.id, task.lease.input, self.limits)
         if job.seed is None:
             job = job.model_copy(update={"seed": default_seed(job.task_id)})
+        if self.models:
+            job = job.model_copy(update={"model": task.lease.model or self.models.first})
         if self.context_ranks:
             if why := sequence_fits(job.width, job.height, self.text_tokens, self.context_ranks):
                 raise InvalidRequest(why)

@@ -26,6 +26,7 @@ from worker.serving.queue_client import QueueClient
 from worker.serving.registration import Registration
 from worker.serving.reporter import Reporter
 from worker.serving.state import WorkerState
+from worker.serving.swapping import Models
 from worker.serving.validation import advertised
 from worker.serving.watchdog import Watchdog
 from worker.storage import Store, build_store
@@ -41,6 +42,7 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
     store, quarantine = _stores(cfg)  # before loading a model we could not deliver from
     guard = Guard.load(cfg.safety)  # before registering: a worker that cannot check is never ready
     state = WorkerState(warnings=guard.warnings, safety_policy=guard.policy_version)
+    models = Models(cfg.catalog, cfg.swap.memory_budget_mb, state)
     ledger = Ledger(stage_limits(cfg.deadlines))
     gcs = cfg.storage.gcs
     post = PostStage(guard, store, quarantine, state, ledger, cfg.encode, cfg.model.name,
@@ -57,7 +59,7 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
                         discard=post.discard)
     admission = Admission(cfg.limits, guard, reporter, ledger,
                           context_ranks=ctx.world_size if context_parallel(cfg.parallel, ctx.world_size) else 0,
-                          text_tokens=cfg.model.max_sequence_length)
+                          text_tokens=cfg.model.max_sequence_length, models=models)
     intake = Intake(Leaser(client, registration, state, cfg.queue, stop), admission, target=sizes.lease_ahead)
     ops = None
     if cfg.ops.enabled:  # started now, so that liveness is answered while the model loads
@@ -66,7 +68,7 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
         registration.ops_url = ops.start()
     return Coordinator(cfg, ctx, sizes, guard, state, ledger, metrics, post, registration, reporter,
                        Backlog(reporter, ledger), intake, Watchdog(state, ledger, reporter, cfg.deadlines.stall_s),
-                       stop, ops)
+                       stop, models, ops)
 
 
 def _stores(cfg: WorkerConfig) -> tuple[Store, Store | None]:

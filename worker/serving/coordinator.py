@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from protocol import DeviceInfo, ErrorCode
 from safety.guard import Guard
 from worker.config import WorkerConfig
-from worker.model.engine import Engine
+from worker.model.resident import Resident, weights_mb
 from worker.ranks import lockstep
 from worker.ranks.distributed import DistContext, broadcast
 from worker.serving.backlog import Backlog
 from worker.serving.generation import generate_round
 from worker.serving.intake import Intake
-from worker.serving.ledger import Counter, Ledger
+from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.metrics import Metrics
 from worker.serving.ops import OpsServer
 from worker.serving.post import PostStage
@@ -38,6 +38,8 @@ from worker.serving.registration import Registration
 from worker.serving.reporter import Reporter
 from worker.serving.sizing import Sizes
 from worker.serving.state import WorkerState
+from worker.serving.swapping import Models
+from worker.serving.task import Task
 from worker.serving.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class Coordinator:
     intake: Intake
     watchdog: Watchdog
     stop: threading.Event  # set: draining (no new leases)
+    models: Models  # which models it holds and can load, and each swap's decision
     ops: OpsServer | None = None
 
     def __post_init__(self) -> None:
@@ -99,15 +102,17 @@ class Coordinator:
             self.stop.set()
             self.intake.stop()
 
-    def serve(self, engine: Engine) -> None:
+    def serve(self, resident: Resident) -> None:
         self.ledger.counters.add(Counter.IMAGES_GENERATED, 0)  # listed from the first heartbeat on
+        for name in resident.names():  # loaded and warmed up at start
+            self.models.loaded(name, (), weights_mb(resident.engine(name)))
         self.state.set_status("ready")
         self.state.progress()
         self.intake.start()
         self.watchdog.start()
         try:
             while not (self.stop.is_set() and self.intake.drained()):
-                self._turn(engine)
+                self._turn(resident)
                 self.state.progress()
                 if reason := self.guard.unhealthy():
                     self._stop_unhealthy(reason)
@@ -125,7 +130,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ one turn
 
-    def _turn(self, engine: Engine) -> None:
+    def _turn(self, resident: Resident) -> None:
         # Room for this round in the post stage: at most max_pending unreported once it is handed over.
         t0 = time.perf_counter()
         self.backlog.report_down_to(self.sizes.max_pending - self.sizes.round, self._keepalive, self._wait_s)
@@ -137,7 +142,12 @@ class Coordinator:
             self._keepalive()
             return
         round_ = [task for batch in batches for task in batch]
-        outs = generate_round(engine, batches, self.ctx, self.cfg.parallel.mode, self.ledger, self.metrics)
+        model = round_[0].model or self.models.first
+        if model not in resident.engines and not self._swap(resident, model, round_):
+            return
+        self.models.used(model)
+        outs = generate_round(resident.engine(model), batches, self.ctx, self.cfg.parallel.mode, self.ledger,
+                              self.metrics)
         for task, out in zip(round_, outs):
             if out.errors:
                 self.reporter.fail(task, ErrorCode.GENERATION_FAILED, "; ".join(out.errors), retryable=True)
@@ -147,6 +157,36 @@ class Coordinator:
             post.add_done_callback(lambda _: self.intake.nudge())  # report it without waiting for work
             self.backlog.add(task, post)
         self.ledger.counters.high_water(Counter.UNREPORTED_MAX, len(self.backlog))
+
+    def _swap(self, resident: Resident, model: str, round_: list[Task]) -> bool:
+        """Makes `model` resident on every rank (lockstep.swap), evicting what the policy picks. False
+        when its load failed: this round's tasks and every ready one of that model fail, retryable
+        (another worker may load it), and it is no longer offered; the worker serves the others."""
+        evict = self.models.victims(model)
+        for task in round_:
+            self.ledger.advance(task, Stage.SWAP)
+        log.info("swap: loading %s%s", model, f", evicting {', '.join(evict)}" if evict else "")
+        self.state.grant(self.cfg.deadlines.swap_s)  # not a stalled loop while every rank loads
+        t0 = time.perf_counter()
+        cmd = lockstep.Swap(model, evict)
+        broadcast(cmd, self.ctx)
+        errors = lockstep.swap(resident, cmd, self.ctx)
+        seconds = time.perf_counter() - t0
+        self.metrics.swapped(model, seconds, ok=not errors)
+        self.ledger.counters.add(Counter.SWAPS)
+        if errors:
+            why = "; ".join(errors)
+            log.error("swap to %s failed in %.1fs: %s", model, seconds, why)
+            self.models.failed(model, evict, why)
+            for task in round_ + self.intake.withdraw(lambda t: t.model == model):
+                self.reporter.fail(task, ErrorCode.MODEL_UNAVAILABLE, f"loading model {model!r} failed on this "
+                                   f"worker: {why}", retryable=True)
+            return False
+        self.models.loaded(model, evict, weights_mb(resident.engine(model)))
+        log.info("swap: %s loaded and warmed up in %.1fs", model, seconds)
+        for task in round_:
+            task.timings.record(swap=seconds * 1e3)
+        return True
 
     def _keepalive(self) -> None:
         broadcast(lockstep.Idle(), self.ctx)

@@ -73,7 +73,7 @@ class HeartbeatThread(threading.Thread):
         """What the next heartbeat says."""
         return Heartbeat(status=self._state.status, in_flight=self._ledger.in_flight(), timestamp=time.time(),
                          warnings=list(self._state.warnings), counters=self._ledger.counters.as_wire(),
-                         safety_policy=self._state.safety_policy)
+                         safety_policy=self._state.safety_policy, models=self._state.models)
 
     def beat(self) -> None:
         hb = self.message()

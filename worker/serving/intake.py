@@ -95,7 +95,7 @@ class Intake:
                 self._cond.wait(left)
             until = self._ready[0].ready_at + window_s
             # Batching window: a round that is not full waits for more tasks, unless draining.
-            while (not rounds.full(batches := rounds.plan(self._ready, slots, per_slot), slots, per_slot)
+            while (not rounds.full(batches := rounds.plan(self._one_model(), slots, per_slot), slots, per_slot)
                    and not self._stop.is_set() and (left := until - time.monotonic()) > 0):
                 self._cond.wait(left)
             taken = {id(t) for batch in batches for t in batch}
@@ -106,6 +106,11 @@ class Intake:
             for task in batch:
                 task.timings.record(wait=(now - task.ready_at) * 1e3)
         return batches
+
+    def _one_model(self) -> list[Task]:
+        """The ready tasks a round may take: those of the oldest one's model (a round runs one)."""
+        model = self._ready[0].model
+        return [t for t in self._ready if t.model == model]
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

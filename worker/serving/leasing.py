@@ -41,8 +41,9 @@ class Leaser:
                             sleep=self._stop.wait, stop=lambda _: self._stop.is_set(),
                             before_sleep=_log_backoff, reraise=True)
         try:
+            models = self._state.models  # what it holds right now: the scheduler routes by it
             leases = retrying(self._client.lease, self._registration.worker_id, min(n, self._cfg.max_tasks),
-                              self._cfg.lease_wait_s)
+                              self._cfg.lease_wait_s, models.resident if models else None)
         except NotFound:
             self._state.worker_unknown.set()
             return []

@@ -35,6 +35,7 @@ class Stage(StrEnum):
 
     ADMIT = "admit", "admit_s"  # validation, text check, `processing` report
     READY = "ready", "stall_s"  # admitted, waiting for a round: only a stuck serve loop leaves it there
+    SWAP = "swap", "swap_s"  # its round waits for its model to be loaded on every rank
     GENERATE = "generate", "generate_s"
     CHECK = "check", "check_s"
     ENCODE = "encode", "encode_s"
@@ -44,7 +45,7 @@ class Stage(StrEnum):
     @property
     def started(self) -> bool:
         """Past admission and the wait for a round: giving it back costs the task an attempt."""
-        return self not in (Stage.ADMIT, Stage.READY)
+        return self not in (Stage.ADMIT, Stage.READY, Stage.SWAP)
 
 
 def stage_limits(deadlines: DeadlinesConfig) -> dict[Stage, float]:
@@ -98,6 +99,7 @@ class Counter(StrEnum):
     HEARTBEAT_FAILURES = "heartbeat_failures"
     REPORTS = "reports"
     REPORT_US_TOTAL = "report_us_total"
+    SWAPS = "swaps"  # models loaded after start, on every rank (a failed load counts too)
     # Gauges: set, not added to.
     LEASE_AHEAD = "lease_ahead"
     MAX_PENDING = "max_pending"

@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 # A task's timings record (serving.task.Timings) -> the stage label. Stages shared by a batch hold
 # the batch's time, observed once per task.
-STAGES = ("lease", "text_check", "admit", "wait", "settle", "broadcast", "embed", "denoise", "vae", "gather",
+STAGES = ("lease", "text_check", "admit", "wait", "settle", "swap", "broadcast", "embed", "denoise", "vae", "gather",
           "generate", "image_check", "encode", "store", "report")
+SWAP_BUCKETS = (.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, float("inf"))
 STAGE_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, float("inf"))
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, float("inf"))
 
@@ -59,6 +60,9 @@ class Metrics:
                                ["stage"], buckets=STAGE_BUCKETS, registry=self.registry)
         self.batch = Histogram("dit_worker_batch_size", "Images per rank per generation", buckets=BATCH_BUCKETS,
                                registry=self.registry)
+        # Several models on one worker: each swap (evict, load, warm up on every rank), by model and outcome.
+        self.swaps = Histogram("dit_worker_swap_seconds", "Wall time of each model swap, by model and outcome",
+                               ["model", "outcome"], buckets=SWAP_BUCKETS, registry=self.registry)
         self.registry.register(StateCollector(state, ledger))
         self.registry.register(MemoryCollector(device))
         if process:  # resident memory, CPU seconds, open files of rank 0
@@ -69,6 +73,9 @@ class Metrics:
         for stage, ms in timings_ms.items():
             if stage in STAGES:
                 self.stage.labels(stage).observe(ms / 1e3)
+
+    def swapped(self, model: str, seconds: float, ok: bool) -> None:
+        self.swaps.labels(model, "loaded" if ok else "failed").observe(seconds)
 
     def round_generated(self, batch_sizes: Iterable[int]) -> None:
         for n in batch_sizes:

@@ -139,7 +139,8 @@ class PostStage:
         # The stored object's size and hash: an earlier attempt's, when it stored the object first.
         return TaskResult(uri=obj.uri, url=obj.url, content_type=content_type, width=job.width,
                           height=job.height, seed=job.seed, bytes=obj.bytes, sha256=obj.sha256,
-                          timings_ms=task.timings.as_dict(), batch_size=out.batch_size, rank=out.rank)
+                          timings_ms=task.timings.as_dict(), batch_size=out.batch_size, rank=out.rank,
+                          model=job.model or self.model_name)
 
     def discard(self, task: Task, result: TaskResult) -> None:
         """Removes a stored result the scheduler refused because a client cancelled the task
@@ -151,7 +152,7 @@ class PostStage:
             log.exception("task %s: could not remove %s after its cancellation", task.id, result.uri)
 
     def _metadata(self, job: Job) -> dict[str, str]:
-        meta = {"task_id": job.task_id, "seed": str(job.seed), "model": self.model_name,
+        meta = {"task_id": job.task_id, "seed": str(job.seed), "model": job.model or self.model_name,
                 "width": str(job.width), "height": str(job.height), "steps": str(job.steps),
                 "prompt_sha256": hashlib.sha256(job.prompt.encode()).hexdigest()}
         if self.include_prompt:

@@ -70,6 +70,7 @@ class Registration:
         return self._heartbeat.farewell() if self._heartbeat else False
 
     def _register(self, interrupt: threading.Event | None = None) -> None:
+        self._info = self._info.model_copy(update={"models": self._state.models})  # as they are now
         try:
             reg = self._client.register(self._info, deadline_s=REGISTER_DEADLINE_S, interrupt=interrupt)
         except AuthError as e:

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from protocol import WorkerStatus
+from protocol import WorkerModels, WorkerStatus
 
 
 class WorkerState:
@@ -22,6 +22,8 @@ class WorkerState:
         self._storage_failing = False
         self.warnings = list(warnings)  # set once at start, e.g. a safety check switched off
         self.safety_policy = safety_policy  # the prompt policy's version, in every heartbeat
+        self._models: WorkerModels | None = None  # what it holds and can load (worker.serving.swapping)
+        self._grace_until = float("-inf")
         self.changed = threading.Event()  # the status changed: the heartbeat says so at once
         self.worker_unknown = threading.Event()  # scheduler forgot us: the serve loop re-registers
 
@@ -36,15 +38,32 @@ class WorkerState:
         with self._lock:
             return self._status
 
+    def set_models(self, models: WorkerModels) -> None:
+        with self._lock:
+            if models != self._models:
+                self._models = models
+                self.changed.set()
+
+    @property
+    def models(self) -> WorkerModels | None:
+        with self._lock:
+            return self._models
+
     # ------------------------------------------------------------ serve loop progress
 
     def progress(self) -> None:
         with self._lock:
             self._progress = self._clock()
 
+    def grant(self, seconds: float) -> None:
+        """The serve loop is in a long step (a swap: loading a model) that may last `seconds`: it
+        does not count as stalled before then."""
+        with self._lock:
+            self._grace_until = self._clock() + seconds
+
     def idle_s(self) -> float:
         with self._lock:
-            return self._clock() - self._progress
+            return max(0.0, self._clock() - max(self._progress, self._grace_until))
 
     # ------------------------------------------------------------ readiness
 

@@ -59,6 +59,11 @@ class Task:
         return self.lease.task_id
 
     @property
+    def model(self) -> str | None:
+        """Its model, once admitted: a round's tasks share one."""
+        return self.job.model if self.job else self.lease.model
+
+    @property
     def shape(self) -> tuple[int, int, int]:
         """Tasks of one shape (width, height, steps) can share a batch."""
         return (self.job.width, self.job.height, self.job.steps)

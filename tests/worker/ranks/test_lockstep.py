@@ -4,7 +4,7 @@ import numpy as np
 
 from worker.ranks.distributed import DistContext
 from worker.model.engine import Batch, Picture
-from worker.ranks.lockstep import generate
+from worker.ranks.lockstep import Swap, generate, model_of, swap
 from worker.model.parallel import sequence_fits
 from worker.ranks.sharing import capacity, mine, slots
 from worker.model.job import Job
@@ -59,3 +59,44 @@ def test_each_rank_makes_its_own_batch_in_data_mode_and_all_make_one_in_context_
 def test_context_parallel_refuses_sequences_that_do_not_split():
     assert sequence_fits(256, 256, 64, 2) is None
     assert "not divisible" in sequence_fits(272, 16 * 3, 64, 2)
+
+
+class FakeResident:
+    """worker.model.resident.Resident's bookkeeping, with loads that succeed or raise."""
+
+    def __init__(self, fails: set[str] = frozenset()) -> None:
+        self.engines, self.fails, self.log = {"a": FakeEngine()}, fails, []
+
+    def names(self):
+        return list(self.engines)
+
+    def engine(self, name):
+        return self.engines[name]
+
+    def evict(self, name):
+        self.log.append(f"evict {name}")
+        self.engines.pop(name, None)
+
+    def load(self, name):
+        self.log.append(f"load {name}")
+        if name in self.fails:
+            raise OSError(f"{name}: no such directory")
+        self.engines[name] = FakeEngine()
+
+
+def test_a_swap_evicts_then_loads_and_every_rank_agrees(ctx):
+    resident = FakeResident()
+    assert swap(resident, Swap("b", ("a",)), ctx) == []
+    assert resident.log == ["evict a", "load b"] and resident.names() == ["b"]
+    [out] = generate(resident.engine(model_of([[JOB.model_copy(update={"model": "b"})]], resident)), [[JOB]], ctx)
+    assert out.errors == []
+
+
+def test_a_failed_load_is_reported_and_leaves_nothing_of_it(ctx):
+    resident = FakeResident(fails={"b"})
+    assert swap(resident, Swap("b"), ctx) == ["rank 0: OSError: b: no such directory"]
+    assert resident.names() == ["a"]  # nothing evicted: the others still serve
+
+
+def test_a_job_naming_no_model_is_the_model_loaded_at_start():
+    assert model_of([[JOB]], FakeResident()) == "a"
