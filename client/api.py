@@ -26,7 +26,7 @@ from tenacity.wait import wait_random_exponential
 
 from client.errors import (ClientError, DownloadFailed, RateLimited, Retryable, TaskFailed, TaskNotEnded, Unavailable,
                            raise_for)
-from protocol import FINAL_STATUSES, QueueFigures, TaskList, TaskView, WorkerView
+from protocol import FINAL_STATUSES, ModelsView, QueueFigures, TaskList, TaskView, WorkerView
 
 LONG_POLL_S = 60.0  # the most one wait call asks the scheduler for (it caps it too)
 _backoff = wait_random_exponential(multiplier=0.5, max=10)
@@ -54,10 +54,11 @@ def _wait(state) -> float:
 
 def submit_body(prompt: str, *, width: int | None = None, height: int | None = None, steps: int | None = None,
                 seed: int | None = None, output_format: str | None = None, priority: int = 0,
-                idempotency_key: str | None = None, **extra: Any) -> dict:
+                idempotency_key: str | None = None, model: str | None = None, **extra: Any) -> dict:
     given = {"width": width, "height": height, "steps": steps, "seed": seed, "output_format": output_format}
     task_input = {"prompt": prompt, **{k: v for k, v in given.items() if v is not None}, **extra}
-    return {"input": task_input, "priority": priority, "idempotency_key": idempotency_key or uuid.uuid4().hex}
+    body = {"input": task_input, "priority": priority, "idempotency_key": idempotency_key or uuid.uuid4().hex}
+    return {**body, "model": model} if model else body  # none: the fleet's default
 
 
 class _Common:
@@ -176,6 +177,10 @@ class Client(_Common):
     def queue(self) -> QueueFigures:
         return QueueFigures(**self._call(self._request("GET", "/v1/queue")))
 
+    def models(self) -> ModelsView:
+        """The fleet's models, each with its queue and workers."""
+        return ModelsView(**self._call(self._request("GET", "/v1/models")))
+
     def workers(self) -> list[WorkerView]:
         return [WorkerView(**w) for w in self._call(self._request("GET", "/v1/workers"))]
 
@@ -263,6 +268,9 @@ class AsyncClient(_Common):
 
     async def queue(self) -> QueueFigures:
         return QueueFigures(**await self._call(self._request("GET", "/v1/queue")))
+
+    async def models(self) -> ModelsView:
+        return ModelsView(**await self._call(self._request("GET", "/v1/models")))
 
     async def workers(self) -> list[WorkerView]:
         return [WorkerView(**w) for w in await self._call(self._request("GET", "/v1/workers"))]

@@ -113,7 +113,7 @@ def _line(text: str) -> None:
 def submit(dit: Client, args) -> int:
     width, height = args.size or (None, None)
     task = dit.submit(args.prompt, width=width, height=height, steps=args.steps, seed=args.seed,
-                      output_format=args.format or _format_of(args.output), priority=args.priority)
+                      output_format=args.format or _format_of(args.output), priority=args.priority, model=args.model)
     if not (args.wait or args.output):  # a file asked for is a result waited for
         _line(task.id)
         return Exit.OK
@@ -361,8 +361,26 @@ def _dashboard(dit: Client) -> Table:
     return outer
 
 
+def models(dit: Client, args) -> int:
+    """The fleet's models, one line each: the autoscaling signal per model."""
+    view = dit.models()
+    if args.json:
+        _line(view.model_dump_json())
+        return Exit.OK
+    if not view.models:
+        _line("this fleet serves one model and does not route by model (the scheduler's models.ids is empty)")
+        return Exit.OK
+    _line(f"{'MODEL':<24} {'QUEUED':>7} {'OLDEST':>8} {'RUNNING':>8} {'WARM':>5} {'LOADABLE':>9}")
+    for name, m in view.models.items():
+        oldest = "-" if m.oldest_queued_age_s is None else f"{m.oldest_queued_age_s:.1f}s"
+        mark = " (default)" if name == view.default else ""
+        _line(f"{_cut(name, 24):<24} {m.queued:>7} {oldest:>8} {m.running:>8} {m.warm_workers:>5} "
+              f"{m.loadable_workers:>9}{mark}")
+    return Exit.OK
+
+
 COMMANDS = {"submit": submit, "list": list_tasks, "status": status, "download": download, "cancel": cancel,
-            "watch": watch}
+            "watch": watch, "models": models}
 
 
 # ---------------------------------------------------------------- arguments
@@ -402,6 +420,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int)
     s.add_argument("--format", choices=("png", "webp", "jpeg"))
     s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--model", help="one of the fleet's models (`dit models`); default: the fleet's default")
     s.add_argument("--wait", action="store_true", help="wait for the task to end, showing its progress on a terminal")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600; then exit 124)")
     s.add_argument("-o", "--output", help="download the image here (waits, as --wait does)")
@@ -424,6 +443,8 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("watch", help="a live table of the queue and the workers")
     w.add_argument("--interval", type=float, default=2.0)
     w.add_argument("--count", type=int, help="stop after this many refreshes")
+    m = sub.add_parser("models", help="the fleet's models: each one's queue and workers")
+    m.add_argument("--json", action="store_true", help="GET /v1/models's answer, for scripts")
     return p
 
 
