@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet wheelhouse scheduler node clean
+.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-models wheelhouse scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -70,6 +70,11 @@ bench-scheduler: install
 # a trivial in-memory server shows what the load generator itself can drive; then 2x overload.
 bench-fleet: install
 	$(PY) -m tools.fleet_bench --out $(BENCH_OUT)/fleet.json $(FLEET_ARGS)
+
+# Several models on one fleet: affinity routing against plain FIFO, on one seeded schedule
+# (tools/models_bench.py; MODELS_ARGS="--seconds 120" for a longer run).
+bench-models: install
+	$(PY) -m tools.models_bench --out $(BENCH_OUT)/models.json $(MODELS_ARGS)
 
 # What rank 0's post stage (image check, encode, store) carries per core, on photographs at
 # 1360x768 and 1024x1024, and what each output format and setting costs to encode.
