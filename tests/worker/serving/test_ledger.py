@@ -200,7 +200,7 @@ def test_counters_have_the_wire_names_they_always_had():
     assert {c.value for c in Counter} == {
         "images_generated", "corrupt_outputs", "prompts_refused", "images_refused", "tasks_succeeded",
         "tasks_failed", "tasks_released", "tasks_cancelled", "leases_lost", "heartbeat_failures", "reports",
-        "report_us_total", "lease_ahead", "max_pending", "peak_memory_mb", "unreported_max"}
+        "report_us_total", "lease_ahead", "max_pending", "peak_memory_mb", "unreported_max", "swaps"}
     tally = Tally()
     assert tally.as_wire() == {}
     tally.add(Counter.IMAGES_GENERATED, 0)  # listed once touched, even by 0
