@@ -5,7 +5,7 @@ from tests.harness import write_config
 from worker.config import ConfigError, load_config
 
 
-@pytest.mark.parametrize("name", ["tiny.toml", "flux-schnell.toml", "flux-schnell-gcs.toml"])
+@pytest.mark.parametrize("name", ["tiny.toml", "flux-schnell.toml", "flux-schnell-gcs.toml", "flux-models.toml"])
 def test_shipped_configs_load(name):
     cfg = load_config(REPO / "configs" / name)
     assert cfg.limits.default_steps == 4
