@@ -38,9 +38,11 @@ demo: install
 # Most tests wait on real processes and servers, so three workers on two cores finish well before one
 # (a file per worker: a file's fixtures and servers stay together). TEST_WORKERS=0 runs them serially.
 TEST_WORKERS ?= 3
+# TEST_SIZE=ci: the slowest suites at a smaller size (tests/harness.py ci_size), as .ci/run asks.
+TEST_SIZE ?= full
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	DIT_TEST_SIZE=$(TEST_SIZE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
 # CPU). On a GPU: make bench BENCH_ARGS="--config configs/flux-schnell.toml --random-weights --sweep"

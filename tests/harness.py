@@ -25,6 +25,11 @@ from launch.local import (
 TINY_CONFIG = REPO / "configs" / "tiny.toml"
 
 
+def ci_size() -> bool:
+    """`make test TEST_SIZE=ci` (.ci/run): the slowest suites run at a smaller size."""
+    return os.environ.get("DIT_TEST_SIZE") == "ci"
+
+
 class Clock:
     """An injected clock the test moves by hand."""
 
