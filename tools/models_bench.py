@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--cold-wait-s", type=float, default=10.0, help="the scheduler's models.cold_wait_s")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--routes", default="affinity,fifo", help="the scheduler's models.route values to run")
     p.add_argument("--out", type=Path, default=Path("var/bench/models.json"))
     args = p.parse_args(argv)
     names = [f"model-{chr(ord('a') + i)}" for i in range(args.models)]
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seconds, args.seed)
     report = {"plan": {**plan.__dict__, "cold_wait_s": args.cold_wait_s}, "routes": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for route in ("affinity", "fifo"):
+        for route in args.routes.split(","):
             port = free_port()
             proc = start_scheduler(Path(tmp) / f"{route}.db", port, Path(tmp) / f"{route}.log", extra=[
                 "--set", f"models.ids={json.dumps(names)}", "--set", f'models.route="{route}"',
