@@ -20,7 +20,6 @@ overhead and each part's share; writes JSON to --out. Warm-up requests (not coun
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import tempfile
@@ -31,6 +30,7 @@ import httpx
 
 from launch.local import free_port, start_scheduler, start_worker, wait_until
 from tools.bench.phases import PROMPTS
+from tools.reports import save
 
 # The worker's stages on an idle request's path besides generation, in order; the image check and
 # the encoder overlap (worker.serving.post).
@@ -170,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as work:
         report = run(args, Path(work))
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
     print_report(report)
-    print(f"written to {out}")
+    save(out, report)
     return 0
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from launch.local import free_port, start_scheduler
+from tools.reports import save
 
 REG = {"hostname": "models-bench", "world_size": 1, "devices": [{"name": "sim", "memory_bytes": 0}],
        "version": "bench"}
@@ -177,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['swaps_per_100_tasks']:>5}  wait p50 {row['wait_p50_s']}s p95 {row['wait_p95_s']}s  "
                   f"p95 by model {row['wait_p95_s_by_model']}  time swapping {row['swapping_share']:.0%}",
                   flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"written to {args.out}")
+    save(args.out, report)
     return 0
 
 

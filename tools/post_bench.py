@@ -21,7 +21,6 @@ Writes JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import tempfile
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tools.reports import save
 
 PHOTOS = ("astronaut", "coffee", "rocket", "chelsea", "hubble_deep_field")
 # (label, format, EncodeConfig fields): what a config can choose, fastest settings first.
@@ -201,10 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as work:
         report["post"] = post_rows(args, Path(work), *sizes[0])
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
     print_report(report, args.gpu_rate)
-    print(f"written to {out}")
+    save(out, report)
     return 0
 
 

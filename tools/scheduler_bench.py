@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import platform
 import random
 import statistics
@@ -35,6 +34,7 @@ import psutil
 import uvloop
 
 from launch.local import Postgres, free_port, start_scheduler
+from tools.reports import save
 
 REG = {"hostname": "bench", "world_size": 1, "devices": [{"name": "sim", "memory_bytes": 0}], "model": "sim",
        "version": "bench"}
@@ -243,9 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if pg:
                 pg.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"written to {args.out}")
+    save(args.out, report)
     return 0
 
 
