@@ -53,7 +53,8 @@ def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None
     logs.configure(cfg.logging.level, cfg.logging.format, rank=int(os.environ.get("RANK", "0")))
     try:
         ctx = distributed.init_distributed(cfg.distributed, cfg.model.device, COORDINATOR_RANK, cfg.model.dtype)
-        speed.check(cfg.speed, cfg.parallel, ctx.device, ctx.world_size)  # every rank, before registering
+        for name in cfg.catalog:  # every rank, every model it may load, before registering
+            speed.check(cfg.speed_of(name), cfg.parallel, ctx.device, ctx.world_size)
         coordinator = assembly.build(cfg, ctx) if ctx.is_coordinator else None
     except PERMANENT as e:
         # Fail closed: never register, never serve unchecked or undeliverable. torchrun stops the

@@ -275,6 +275,16 @@ class OpsConfig(Section):
     gpu_metrics: bool = Field(True, description="temperature, power, clocks, utilisation via NVML where present")
 
 
+class OtherModelConfig(ModelConfig):
+    """A [models.<id>] section: a model the worker can swap in, like [model], with its own
+    [models.<id>.limits], [models.<id>.warmup] and [models.<id>.speed] where they differ from the
+    worker's (absent: the worker's own sections, whole)."""
+
+    limits: LimitsConfig | None = None
+    warmup: WarmupConfig | None = None
+    speed: SpeedConfig | None = None
+
+
 class WorkerConfig(Section):
     """The whole tree: one section per component. A section the file leaves out takes its defaults."""
 
@@ -295,7 +305,7 @@ class WorkerConfig(Section):
     swap: SwapConfig
     # Other models this worker can load, by id (the scheduler's models.ids): [models.<id>], each
     # like [model]; [model] is the one loaded at start.
-    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    models: dict[str, OtherModelConfig] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -314,6 +324,19 @@ class WorkerConfig(Section):
         """Every model this worker serves, by id: [model] first."""
         return {self.model.name: self.model, **self.models}
 
+    def limits_of(self, name: str) -> LimitsConfig:
+        """What a task of model `name` may ask for: its own [models.<id>.limits], or [limits]."""
+        other = self.models.get(name)
+        return other.limits if other and other.limits else self.limits
+
+    def warmup_of(self, name: str) -> WarmupConfig:
+        other = self.models.get(name)
+        return other.warmup if other and other.warmup else self.warmup
+
+    def speed_of(self, name: str) -> SpeedConfig:
+        other = self.models.get(name)
+        return other.speed if other and other.speed else self.speed
+
     @model_validator(mode="after")
     def _collectives_outlive_rank0_io(self) -> "WorkerConfig":
         # Followers wait in a collective while rank 0 long-polls or backs off; that wait must end
@@ -331,14 +354,15 @@ class WorkerConfig(Section):
                              "distributed.serve_timeout_s")
         if self.deadlines.report_s <= self.queue.report_deadline_s:
             raise ValueError("deadlines.report_s must exceed queue.report_deadline_s (the report's own retries)")
-        lim = self.limits
-        for w, h in self.warmup.sizes:
-            if w % 16 or h % 16 or not (lim.min_side <= min(w, h) and max(w, h) <= lim.max_side):
-                raise ValueError(f"warmup.sizes: {w}x{h} is not a size the limits allow "
-                                 f"(multiples of 16 within [{lim.min_side}, {lim.max_side}])")
-        self._speed_fits_device()
+        for name, where in self._sections():
+            _warmup_fits(self.warmup_of(name), self.limits_of(name), where)
+            self._speed_fits_device(self.speed_of(name), self.catalog[name], where)
         self._models_fit()
         return self
+
+    def _sections(self) -> list[tuple[str, str]]:
+        """Each model and the prefix of its own sections' fields in an error ("" for [model])."""
+        return [(self.model.name, ""), *((name, f"models.{name}.") for name in self.models)]
 
     def _models_fit(self) -> None:
         if self.model.name in self.models:
@@ -347,20 +371,26 @@ class WorkerConfig(Section):
             if m.device != self.model.device:
                 raise ValueError(f"models.{name}.device: {m.device!r}, but [model] is on {self.model.device!r}: "
                                  "one worker serves from one device")
-            if self.speed.fp8 and m.dtype == "float32":
-                raise ValueError(f"models.{name}.dtype: speed.fp8 quantizes a bfloat16/float16 model")
 
-    def _speed_fits_device(self) -> None:
-        """What can be refused from the file alone; worker.model.speed checks the device at start."""
-        sp, dev = self.speed, self.model.device
+    def _speed_fits_device(self, sp: SpeedConfig, model: ModelConfig, where: str) -> None:
+        """What can be refused from the file alone; worker.model.speed checks the device at start.
+        `where`: "" for the worker's [speed] and [model], "models.<id>." for another model's."""
+        speed, dev = f"{where}speed" if where and self.models[model.name].speed else "speed", model.device
         if dev == "cpu":
             for name in ("fp8", "offload"):
                 if getattr(sp, name) not in (False, "none"):
-                    raise ValueError(f"speed.{name}: needs a CUDA device (model.device is cpu)")
-        if sp.fp8 and self.model.dtype == "float32":
-            raise ValueError("speed.fp8: quantizes a bfloat16/float16 model; set model.dtype")
+                    raise ValueError(f"{speed}.{name}: needs a CUDA device ({where or 'model.'}device is cpu)")
+        if sp.fp8 and model.dtype == "float32":
+            raise ValueError(f"{speed}.fp8: quantizes a bfloat16/float16 model; set {where or 'model.'}dtype")
         if sp.offload != "none" and self.parallel.mode == "context":
-            raise ValueError("speed.offload: cannot be combined with parallel.mode = 'context'")
+            raise ValueError(f"{speed}.offload: cannot be combined with parallel.mode = 'context'")
         if sp.offload == "sequential" and (sp.compile or sp.fp8):
-            raise ValueError("speed.offload: 'sequential' streams weights layer by layer; "
+            raise ValueError(f"{speed}.offload: 'sequential' streams weights layer by layer; "
                              "it cannot be combined with speed.compile or speed.fp8")
+
+
+def _warmup_fits(warmup: WarmupConfig, lim: LimitsConfig, where: str) -> None:
+    for w, h in warmup.sizes:
+        if w % 16 or h % 16 or not (lim.min_side <= min(w, h) and max(w, h) <= lim.max_side):
+            raise ValueError(f"{where}warmup.sizes: {w}x{h} is not a size the limits allow "
+                             f"(multiples of 16 within [{lim.min_side}, {lim.max_side}])")

@@ -139,11 +139,13 @@ def swap(resident: Resident, cmd: Swap, ctx: DistContext) -> list[str]:
 def start_models(cfg: WorkerConfig, ctx: DistContext) -> Resident:
     """Every rank's models: [model] loaded and warmed up now, the others ([models.<id>]) on a Swap."""
     def load(name: str) -> Engine:
-        return Engine.load(cfg.catalog[name], ctx.device, cfg.speed, cfg.parallel, ctx.world_size)
+        return Engine.load(cfg.catalog[name], ctx.device, cfg.speed_of(name), cfg.parallel, ctx.world_size)
 
     def warm(engine: Engine) -> None:
-        warm_up(engine, cfg.warmup.sizes, range(1, cfg.batch.max_size + 1), cfg.warmup.prompt,
-                cfg.limits.default_steps, ctx, cfg.parallel.mode, engine.cfg.name)
+        name = engine.cfg.name
+        warmup = cfg.warmup_of(name)
+        warm_up(engine, warmup.sizes, range(1, cfg.batch.max_size + 1), warmup.prompt,
+                cfg.limits_of(name).default_steps, ctx, cfg.parallel.mode, name)
 
     resident = Resident(load, warm)
     resident.load(cfg.model.name)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from protocol import ErrorCode
 from safety.guard import Guard
@@ -47,6 +48,9 @@ class Admission:
     context_ranks: int = 0  # context parallelism splits each image's sequence over this many ranks
     text_tokens: int = 0  # the text's share of that sequence (model.max_sequence_length)
     models: Models | None = None  # several models: which it serves; None: the one it loaded
+    # Several models: the limits and text length of each whose differ from the worker's.
+    model_limits: Mapping[str, LimitsConfig] = field(default_factory=dict)
+    model_text_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
     def admit(self, tasks: list[Task]) -> list[Task]:
@@ -96,13 +100,15 @@ class Admission:
         return passed
 
     def _validate(self, task: Task) -> Job:
-        job = validate_task(task.id, task.lease.input, self.limits)
+        model = (task.lease.model or self.models.first) if self.models else None
+        job = validate_task(task.id, task.lease.input, self.model_limits.get(model, self.limits))
         if job.seed is None:
             job = job.model_copy(update={"seed": default_seed(job.task_id)})
-        if self.models:
-            job = job.model_copy(update={"model": task.lease.model or self.models.first})
+        if model:
+            job = job.model_copy(update={"model": model})
         if self.context_ranks:
-            if why := sequence_fits(job.width, job.height, self.text_tokens, self.context_ranks):
+            tokens = self.model_text_tokens.get(model, self.text_tokens)
+            if why := sequence_fits(job.width, job.height, tokens, self.context_ranks):
                 raise InvalidRequest(why)
         return job
 

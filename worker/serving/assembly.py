@@ -59,7 +59,9 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
                         discard=post.discard)
     admission = Admission(cfg.limits, guard, reporter, ledger,
                           context_ranks=ctx.world_size if context_parallel(cfg.parallel, ctx.world_size) else 0,
-                          text_tokens=cfg.model.max_sequence_length, models=models)
+                          text_tokens=cfg.model.max_sequence_length, models=models,
+                          model_limits={name: cfg.limits_of(name) for name in cfg.models},
+                          model_text_tokens={name: m.max_sequence_length for name, m in cfg.models.items()})
     intake = Intake(Leaser(client, registration, state, cfg.queue, stop), admission, target=sizes.lease_ahead)
     ops = None
     if cfg.ops.enabled:  # started now, so that liveness is answered while the model loads

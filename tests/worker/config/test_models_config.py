@@ -31,3 +31,21 @@ def test_each_model_is_named_by_its_key_on_the_device_of_model(tmp_path):
 def test_one_model_is_a_catalog_of_one(tmp_path):
     cfg = load_config(write_config(tmp_path, ""))
     assert list(cfg.catalog) == ["flux.1-schnell"] and cfg.swap.memory_budget_mb == 0
+
+
+OWN = TWO + """
+[models.pixart.limits]
+max_side = 512
+default_width = 512
+default_height = 512
+
+[models.pixart.warmup]
+sizes = [[512, 512]]
+"""
+
+
+def test_a_model_may_have_its_own_limits_warmup_and_speed_else_the_workers(tmp_path):
+    cfg = load_config(write_config(tmp_path, OWN))
+    assert cfg.limits_of("pixart").max_side == 512 and cfg.limits_of("flux").max_side == cfg.limits.max_side
+    assert cfg.warmup_of("pixart").sizes == ((512, 512),) and cfg.warmup_of("flux") == cfg.warmup
+    assert cfg.speed_of("pixart") == cfg.speed  # none of its own
