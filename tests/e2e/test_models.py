@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from launch.local import wait_until
 from tests.harness import Stack, ready_worker
 
 MODELS = ["tiny-flux", "tiny-pixart", "broken"]
@@ -46,7 +47,8 @@ def test_one_worker_serves_both_families_swapping_on_all_its_ranks(fleet):
     ids = submit(fleet, "tiny-flux", 2) + submit(fleet, "tiny-pixart", 2)  # nobody holds PixArt: A loads it
     done = fleet.client.wait(ids, 180, proc=fleet.a)
     assert made_by_their_model(done)
-    assert swaps(fleet)[a["id"]] >= 1
+    # Counted in the next heartbeat (every second here).
+    wait_until(lambda: swaps(fleet).get(a["id"], 0) >= 1, 10, "the swap in A's heartbeat counters", fleet.a)
     pixart = [t for t in done.values() if t["model"] == "tiny-pixart"]
     assert all(t["result"]["timings_ms"].get("swap", 0) > 0 for t in pixart[:1])  # the first waited for the swap
 

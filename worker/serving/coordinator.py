@@ -167,6 +167,7 @@ class Coordinator:
             self.ledger.advance(task, Stage.SWAP)
         log.info("swap: loading %s%s", model, f", evicting {', '.join(evict)}" if evict else "")
         self.state.grant(self.cfg.deadlines.swap_s)  # not a stalled loop while every rank loads
+        self.models.loading(model, evict)
         t0 = time.perf_counter()
         cmd = lockstep.Swap(model, evict)
         broadcast(cmd, self.ctx)

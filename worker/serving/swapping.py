@@ -64,6 +64,16 @@ class Models:
                 out.append(kept.pop(0))
             return tuple(out)
 
+    def loading(self, model: str, evicted: tuple[str, ...]) -> None:
+        """A swap has begun: it is said to hold `model` (and no longer `evicted`) from now on, as the
+        scheduler marked it when it leased the task. Leases made meanwhile (the lease-ahead) must not
+        say otherwise, or the scheduler would send `model`'s tasks to other workers to load too."""
+        with self._lock:
+            for name in evicted:
+                self._used.pop(name, None)
+            self._used[model] = self._clock()
+        self._tell()
+
     def loaded(self, model: str, evicted: tuple[str, ...], size_mb: int) -> None:
         """A swap (or the start) made `model` resident on every rank, after evicting `evicted`."""
         with self._lock:
@@ -77,7 +87,7 @@ class Models:
     def failed(self, model: str, evicted: tuple[str, ...], why: str) -> None:
         """Its load failed on some rank: no rank keeps it, and it is no longer offered."""
         with self._lock:
-            for name in evicted:
+            for name in (*evicted, model):
                 self._used.pop(name, None)
             self._failed[model] = why
         self._tell()

@@ -54,9 +54,17 @@ def test_room_enough_evicts_nothing_and_an_unknown_size_takes_the_whole_budget()
     assert unsized.victims("b") == ("a",)
 
 
+def test_while_a_swap_loads_it_says_it_holds_the_model_it_loads():
+    m, state, _ = models(0, a=1, b=1)
+    m.loaded("a", (), 100)
+    m.loading("b", ("a",))  # leases made meanwhile say b, as the scheduler marked it
+    assert state.models == WorkerModels(resident=["b"], loadable=["a"])
+
+
 def test_a_model_that_failed_to_load_is_refused_and_no_longer_offered():
     m, state, _ = models(0, a=1, b=1)
     m.loaded("a", (), 100)
+    m.loading("b", ("a",))
     m.failed("b", ("a",), "rank 1: OSError: no such directory")
     assert state.models == WorkerModels(resident=[], loadable=["a"])
     assert "failed to load on this worker: rank 1: OSError" in m.refusal("b")
