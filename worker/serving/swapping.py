@@ -43,10 +43,6 @@ class Models:
                 return f"model {model!r} failed to load on this worker: {why}"
         return None
 
-    def resident(self) -> list[str]:
-        with self._lock:
-            return list(self._used)
-
     def wire(self) -> WorkerModels:
         with self._lock:
             return self._wire()
