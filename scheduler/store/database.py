@@ -100,6 +100,11 @@ class Database:
         that the calls draining the queue (claims, reports) are not starved under a flood."""
         return await self._arun(plan)
 
+    async def _areports(self, plan: Plan) -> Any:
+        """A round of reports whose first step (its UPDATEs) the backend may commit together with
+        other rounds' (PostgreSQL); _arun elsewhere."""
+        return await self._arun(plan)
+
     def _announce(self, n: int) -> None:
         """From the event loop, after the commit: n tasks were made (other processes may be told
         later, together with others)."""

@@ -11,8 +11,10 @@ behind a load balancer sharing one database and coordinating through it alone.
   others use the blocking pool from the app's thread pool. Pool connections are in autocommit.
 - New work is announced with NOTIFY after commit, the submits made while one NOTIFY is on its way
   together in the next (_Announcer): every scheduler process LISTENs and wakes its own long-polling
-  lease requests (at most as many as the tasks), besides their poll_s fallback. Submits take at most
-  half the async connections, so that claims and reports still get theirs under a flood.
+  lease requests (at most as many as the tasks), besides their poll_s fallback.
+- Submits and report rounds are group-committed (_GroupCommit): those that arrive while its
+  connections are busy go in together, one transaction per batch. Submits take at most half the
+  async connections and report rounds a quarter, so that claims still get theirs under a flood.
 - Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
 """
 
@@ -27,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from scheduler.store import schema
-from scheduler.store.plans import Plan, WriteEach
+from scheduler.store.plans import Plan, Step, Write, WriteEach
 from scheduler.store.sql import SQLStore
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,8 @@ class PostgresStore(SQLStore):
         self._pool.open(wait=True, timeout=30)
         self._pool_size = pool_size
         self._apool = None  # the async pool, opened on the app's loop (aopen)
-        self._intake: asyncio.Semaphore | None = None
+        self._intake: _GroupCommit | None = None  # submits
+        self._reports: _GroupCommit | None = None  # report rounds
         self._announcer: _Announcer | None = None
         with self._tx() as db:  # schedulers starting together: one applies, the others find it done
             db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATIONS_LOCK,))
@@ -128,14 +131,30 @@ class PostgresStore(SQLStore):
         await self._apool.open(wait=True, timeout=30)
         # Submits take at most half the connections: under a flood of them, claims and reports (what
         # drains the queue) still find one. Before this, 750 submits/s offered starved the drain.
-        self._intake = asyncio.Semaphore(max(1, self._pool_size // 2))
+        self._intake = _GroupCommit(self, slots=max(1, self._pool_size // 2))
+        # Report rounds, a quarter: a batch carries all that arrived meanwhile, and claims keep the rest.
+        self._reports = _GroupCommit(self, slots=max(1, self._pool_size // 4))
         self._announcer = _Announcer(self)
 
     async def _aintake(self, plan: Plan) -> Any:
-        if self._apool is None:
+        """A submit's INSERT goes in with the others waiting (_GroupCommit); a step after it (the
+        read of a task whose idempotency key was taken) on its own."""
+        return await self._grouped(self._intake, plan)
+
+    async def _areports(self, plan: Plan) -> Any:
+        return await self._grouped(self._reports, plan)
+
+    async def _grouped(self, batcher: _GroupCommit | None, plan: Plan) -> Any:
+        """The plan's first step, a write, group-committed by `batcher`; the steps after it on their own."""
+        if self._apool is None or batcher is None:
             return await self._arun(plan)
-        async with self._intake:
-            return await self._arun(plan)
+        try:
+            step = next(plan)
+            if isinstance(step, (Write, WriteEach)):
+                step = plan.send(await batcher.write(step))
+        except StopIteration as done:
+            return done.value
+        return await self._arun(plan, step)
 
     def _announce(self, n: int) -> None:
         if self._apool is None:  # not on a loop: at once, on a blocking connection
@@ -151,13 +170,14 @@ class PostgresStore(SQLStore):
             await self._apool.close()
             self._apool = None
 
-    async def _arun(self, plan: Plan) -> Any:
+    async def _arun(self, plan: Plan, step: Step | None = None) -> Any:
         """A plan on the event loop: each step one round trip on a pooled async connection, no
-        thread hand-offs (through the thread pool they cost more than the statements)."""
+        thread hand-offs (through the thread pool they cost more than the statements). `step`: the
+        plan's next step, where it was started elsewhere."""
         if self._apool is None:  # not opened on a loop: the blocking way
             return await super()._arun(plan)
         try:
-            step = next(plan)
+            step = next(plan) if step is None else step
             while True:
                 async with self._apool.connection() as conn, conn.cursor() as cur:
                     step = plan.send(await _astep(cur, step))
@@ -187,6 +207,99 @@ class PostgresStore(SQLStore):
                 if not self._stop.is_set():
                     log.warning("LISTEN %s failed (%s); retrying in 1 s", CHANNEL, e)
                     self._stop.wait(1.0)
+
+
+class _GroupCommit:
+    """Writes group-committed (submits' INSERTs; report rounds' UPDATEs): those that arrive while
+    this batcher's connections are busy go in together, one transaction and one round trip
+    (pipelined) per batch, so a flood costs a commit (and a WAL flush) per batch rather than per
+    call, and its pace no longer depends on how soon a busy event loop resumes each call. At most
+    `slots` batches at once: the rest of the pool is for the other calls. A call is answered only
+    once its batch has committed. A batch refused for one row's data (an integrity or data error),
+    or chosen as a deadlock's victim, is sent again one step at a time, each in its own
+    transaction as before, so that only that step fails."""
+
+    MAX_BATCH = 256
+
+    def __init__(self, store: PostgresStore, slots: int) -> None:
+        self._store = store
+        self._slots = slots
+        self._sending: set[asyncio.Task] = set()
+        self._starting = False  # a sender made that has not yet taken its batch
+        self._waiting: list[tuple[Write | WriteEach, asyncio.Future]] = []
+        self.batches = 0  # sent so far (each one transaction)
+
+    async def write(self, step: Write | WriteEach) -> list:
+        """`step`'s RETURNING rows (a WriteEach's, of all its statements), once its batch has committed."""
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append((step, done))
+        self._start()
+        return await done
+
+    def _start(self) -> None:
+        """A sender for what waits, unless one is about to take it or every slot is busy. The batch
+        is taken when the sender runs, at the loop's next turn: the submits of this turn join it."""
+        if self._waiting and not self._starting and len(self._sending) < self._slots:
+            self._starting = True
+            task = asyncio.get_running_loop().create_task(self._send())
+            self._sending.add(task)
+            task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task) -> None:
+        self._sending.discard(task)
+        self._start()
+
+    async def _send(self) -> None:
+        self._starting = False
+        batch, self._waiting = self._waiting[:self.MAX_BATCH], self._waiting[self.MAX_BATCH:]
+        self.batches += 1
+        self._start()  # more than a batch waits, and a slot is free
+        await self._sent_batch(batch)
+
+    async def _sent_batch(self, batch: list[tuple[Write | WriteEach, asyncio.Future]]) -> None:
+        import psycopg
+
+        try:
+            try:
+                results = await self._together([step for step, _ in batch])
+            except (psycopg.errors.IntegrityError, psycopg.errors.DataError, psycopg.errors.DeadlockDetected,
+                    psycopg.errors.SerializationFailure):
+                results = [await self._alone(step) for step, _ in batch]
+            for (_, done), rows in zip(batch, results):
+                if done.done():  # its request gone meanwhile: the task is stored all the same
+                    continue
+                if isinstance(rows, Exception):
+                    done.set_exception(rows)
+                else:
+                    done.set_result(rows)
+        except BaseException as e:  # the database away: every submit of the batch hears why
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+
+    async def _together(self, steps: list[Write | WriteEach]) -> list[list]:
+        """Every step in one transaction, each step's rows apart: one executemany per statement text."""
+        by_sql: dict[str, list[tuple[int, tuple]]] = {}
+        for i, step in enumerate(steps):
+            for args in (step.args if isinstance(step, WriteEach) else [step.args]):
+                by_sql.setdefault(step.sql, []).append((i, args))
+        out: list[list] = [[] for _ in steps]
+        async with self._store._apool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            for sql, calls in by_sql.items():
+                await cur.executemany(sql.replace("?", "%s"), [args for _, args in calls], returning=True)
+                for i, _ in calls:
+                    out[i] += await cur.fetchall() if cur.description else []
+                    cur.nextset()
+        return out
+
+    async def _alone(self, step: Write | WriteEach) -> list | Exception:
+        try:
+            async with self._store._apool.connection() as conn, conn.cursor() as cur:
+                return await _astep(cur, step)
+        except Exception as e:  # noqa: BLE001 - this submit's own error, answered to it alone
+            return e
 
 
 class _Announcer:

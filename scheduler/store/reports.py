@@ -40,7 +40,7 @@ class SQLReports:
 
     async def areport_many(self, items: list[tuple[str, Report]]) -> list[Outcome]:
         if _alike(items):
-            return await self._store._arun(self._round(items))
+            return await self._store._areports(self._round(items))
         return await self._store.acall(self._each, items)
 
     def cancel(self, task_id: str) -> TaskView:

@@ -1,0 +1,94 @@
+"""Submits on PostgreSQL are group-committed: the INSERTs that arrive together on the event loop go
+in one transaction (scheduler/store/postgres.py, _GroupCommit), each submit answered as it would be
+alone: its own task, or the first task of an idempotency key already used."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from protocol import RegisterWorker, Report, SubmitTask
+from scheduler.store import Conflict
+from scheduler.store.postgres import PostgresStore, _GroupCommit
+
+
+@pytest.fixture
+def store(postgres):
+    s = PostgresStore(postgres.fresh(), pool_size=4)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def on_loop(store, call):
+    async def run():
+        await store.aopen()
+        try:
+            return await call()
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
+
+
+def test_submits_arriving_together_are_stored_in_one_batch_each_answered_alone(store):
+    reqs = [SubmitTask(input={"prompt": f"together {i}"}) for i in range(40)]
+
+    async def submit_all():
+        return await asyncio.gather(*[store.tasks.asubmit(r) for r in reqs])
+
+    out = on_loop(store, submit_all)
+    assert store._intake.batches == 1  # all 40 were waiting when the sender took its batch
+    assert all(created for _, created in out)
+    assert [view.input["prompt"] for view, _ in out] == [r.input["prompt"] for r in reqs]
+    assert len({view.id for view, _ in out}) == 40
+    stored = {t.id: t.status for t in store.tasks.list(None, 100, 0)}
+    assert stored == {view.id: "queued" for view, _ in out}
+
+
+def test_one_idempotency_key_twice_in_a_batch_makes_one_task(store):
+    same = SubmitTask(input={"prompt": "once"}, idempotency_key="k-1")
+    other = SubmitTask(input={"prompt": "another"})
+
+    async def submit_all():
+        return await asyncio.gather(store.tasks.asubmit(same), store.tasks.asubmit(other),
+                                    store.tasks.asubmit(same.model_copy()))
+
+    (first, made_first), (_, made_other), (again, made_again) = on_loop(store, submit_all)
+    assert store._intake.batches == 1
+    assert made_first and made_other and not made_again
+    assert again.id == first.id
+    assert len(store.tasks.list(None, 100, 0)) == 2
+
+
+def test_submits_beyond_a_batch_go_in_the_next_ones(store, monkeypatch):
+    monkeypatch.setattr(_GroupCommit, "MAX_BATCH", 8)
+    reqs = [SubmitTask(input={"prompt": f"many {i}"}) for i in range(30)]
+
+    async def submit_all():
+        return await asyncio.gather(*[store.tasks.asubmit(r) for r in reqs])
+
+    out = on_loop(store, submit_all)
+    assert all(created for _, created in out)
+    assert store._intake.batches == 4  # 8 + 8 + 8 + 6
+    assert len(store.tasks.list(None, 100, 0)) == 30
+
+
+def test_single_reports_arriving_together_are_applied_in_one_batch_a_stale_one_refused_alone(store):
+    wid = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))[0]
+    for i in range(6):
+        store.tasks.submit(SubmitTask(input={"prompt": f"held {i}"}))
+    leases = store.claims.claim(wid, 6)
+    reports = [(le.task_id, Report(worker_id=wid, lease_token=le.lease_token, status="processing")) for le in leases]
+    reports[2] = (reports[2][0], Report(worker_id=wid, lease_token="not-its-token", status="processing"))
+
+    async def report_all():
+        return await asyncio.gather(*[store.reports.areport(t, r) for t, r in reports], return_exceptions=True)
+
+    out = on_loop(store, report_all)
+    assert store._reports.batches == 1
+    assert isinstance(out[2], Conflict)
+    assert [v.status for i, v in enumerate(out) if i != 2] == ["processing"] * 5
+    assert store.tasks.get(reports[2][0]).status == "leased"
