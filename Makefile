@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
-.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-models wheelhouse scheduler node clean
+.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -72,6 +72,11 @@ bench-scheduler: install
 # a trivial in-memory server shows what the load generator itself can drive; then 2x overload.
 bench-fleet: install
 	$(PY) -m tools.fleet_bench --out $(BENCH_OUT)/fleet.json $(FLEET_ARGS)
+
+# The scheduler's CPU per call (submit, lease, reports, heartbeat), one call at a time; CALLS_ARGS
+# "--against-tree ../other-checkout" or "--against-set api.hot_path=false" measures a second side by side.
+bench-calls: install
+	$(PY) -m tools.call_cost --out $(BENCH_OUT)/calls.json $(CALLS_ARGS)
 
 # Several models on one fleet: affinity routing against plain FIFO, on one seeded schedule
 # (tools/models_bench.py; MODELS_ARGS="--seconds 120" for a longer run).
