@@ -32,7 +32,7 @@ class SQLClaims:
         return self._store._run(self._plan(worker_id, max_tasks, resident))
 
     async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]:
-        return await self._store._arun(self._plan(worker_id, max_tasks, resident))
+        return await self._store._aclaims(self._plan(worker_id, max_tasks, resident))
 
     def _plan(self, worker_id: str, max_tasks: int, resident: list[str] | None) -> Plan:
         if self._store.models:

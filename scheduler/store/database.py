@@ -105,6 +105,11 @@ class Database:
         other rounds' (PostgreSQL); _arun elsewhere."""
         return await self._arun(plan)
 
+    async def _aclaims(self, plan: Plan) -> Any:
+        """A claim whose UPDATE the backend may commit together with other claims' (PostgreSQL);
+        _arun elsewhere."""
+        return await self._arun(plan)
+
     def _announce(self, n: int) -> None:
         """From the event loop, after the commit: n tasks were made (other processes may be told
         later, together with others)."""

@@ -75,6 +75,7 @@ class PostgresStore(SQLStore):
         self._apool = None  # the async pool, opened on the app's loop (aopen)
         self._intake: _GroupCommit | None = None  # submits
         self._reports: _GroupCommit | None = None  # report rounds
+        self._claims: _GroupCommit | None = None
         self._announcer: _Announcer | None = None
         with self._tx() as db:  # schedulers starting together: one applies, the others find it done
             db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATIONS_LOCK,))
@@ -132,8 +133,9 @@ class PostgresStore(SQLStore):
         # Submits take at most half the connections: under a flood of them, claims and reports (what
         # drains the queue) still find one. Before this, 750 submits/s offered starved the drain.
         self._intake = _GroupCommit(self, slots=max(1, self._pool_size // 2))
-        # Report rounds, a quarter: a batch carries all that arrived meanwhile, and claims keep the rest.
+        # Report rounds and claims, a quarter each: a batch carries all that arrived meanwhile.
         self._reports = _GroupCommit(self, slots=max(1, self._pool_size // 4))
+        self._claims = _GroupCommit(self, slots=max(1, self._pool_size // 4))
         self._announcer = _Announcer(self)
 
     async def _aintake(self, plan: Plan) -> Any:
@@ -143,6 +145,11 @@ class PostgresStore(SQLStore):
 
     async def _areports(self, plan: Plan) -> Any:
         return await self._grouped(self._reports, plan)
+
+    async def _aclaims(self, plan: Plan) -> Any:
+        """A claim's UPDATE with the others waiting: in one transaction, each sees the rows the
+        earlier ones leased as leased, and SKIP LOCKED keeps batches in flight off each other's."""
+        return await self._grouped(self._claims, plan)
 
     async def _grouped(self, batcher: _GroupCommit | None, plan: Plan) -> Any:
         """The plan's first step, a write, group-committed by `batcher`; the steps after it on their own."""

@@ -1,6 +1,7 @@
-"""Submits on PostgreSQL are group-committed: the INSERTs that arrive together on the event loop go
-in one transaction (scheduler/store/postgres.py, _GroupCommit), each submit answered as it would be
-alone: its own task, or the first task of an idempotency key already used."""
+"""Submits, report rounds and claims on PostgreSQL are group-committed: the writes that arrive
+together on the event loop go in one transaction (scheduler/store/postgres.py, _GroupCommit), each
+call answered as it would be alone: a submit its own task, or the first task of an idempotency key
+already used; a report its task, or its own refusal; a claim its own tasks, none leased twice."""
 
 from __future__ import annotations
 
@@ -92,3 +93,20 @@ def test_single_reports_arriving_together_are_applied_in_one_batch_a_stale_one_r
     assert isinstance(out[2], Conflict)
     assert [v.status for i, v in enumerate(out) if i != 2] == ["processing"] * 5
     assert store.tasks.get(reports[2][0]).status == "leased"
+
+
+def test_claims_arriving_together_are_committed_in_one_batch_and_never_share_a_task(store):
+    reg = RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v")
+    workers = [store.workers.register(reg)[0] for _ in range(5)]
+    for i in range(8):
+        store.tasks.submit(SubmitTask(input={"prompt": f"queued {i}"}))
+
+    async def claim_all():
+        return await asyncio.gather(*[store.claims.aclaim(w, 2) for w in workers])
+
+    got = on_loop(store, claim_all)
+    assert store._claims.batches == 1
+    ids = [lease.task_id for leases in got for lease in leases]
+    assert len(ids) == 8 and len(set(ids)) == 8  # 2 + 2 + 2 + 2 + 0: each task leased once
+    assert sorted(len(leases) for leases in got) == [0, 2, 2, 2, 2]
+    assert {store.tasks.get(t).status for t in ids} == {"leased"}
