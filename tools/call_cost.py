@@ -3,16 +3,23 @@ and a heartbeat) takes of the scheduler's CPU, one call at a time, so the figure
 and not its share of a group commit under load. A scheduler process saturated by a fleet of
 single-GPU workers is bound by this sum (README, "The queue for a fleet").
 
-    python -m tools.call_cost [--calls 2000] [--rounds 3] [--durable] [--set api.hot_path=false]
+    python -m tools.call_cost [--calls 200] [--blocks 20] [--store postgres] [--durable]
+                              [--set k=v] [--against-set api.hot_path=false | --against-tree ../other]
 
-Starts the reference scheduler (SQLite; on tmpfs unless --durable, so an fsync's wait is left out and
-the figure is CPU), registers one worker and, in each round, makes `--calls` calls of each kind in
-turn from one keep-alive connection: submits of one task, leases of one task each (wait_s 0), a
-`processing` report and a `succeeded` report per task, heartbeats. A call's cost is the scheduler
-process's CPU time (user + system, all its threads) over the calls of that kind, divided by their
-number; the figure printed is the best round's (the least disturbed by the rest of the machine).
-`a task` is submit + lease + processing + succeeded: the scheduler's CPU for one single-GPU task,
-so 1,000 ms over it is the tasks/s one process carries on a core of this machine.
+Starts the reference scheduler (SQLite on tmpfs unless --durable, so an fsync's wait is left out and
+the figure is CPU; or PostgreSQL, a real server, fsync off unless --durable), registers one worker
+and, in each block, makes `--calls` calls of each kind in turn from one keep-alive connection:
+submits of one task, leases of one task each (wait_s 0), a `processing` and a `succeeded` report per
+task, heartbeats. A call's cost is the scheduler process's CPU time (all its threads; the database
+server's own is not counted) over the calls of that kind, divided by their number; the figure
+printed is the median over the blocks. `a task` is submit + lease + processing + succeeded: the
+scheduler's CPU for one single-GPU task, so 1,000 ms over it is the tasks/s one process carries on
+a core of this machine.
+
+With --against-set or --against-tree a second scheduler runs beside the first, the two taking turns
+block by block (in an order that alternates), and the ratio of each block's pair is printed, their
+median: a ratio measured side by side, which the machine's drift from minute to minute does not
+move as it moves two runs made apart.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from launch.local import free_port, start_scheduler
+from launch.local import Postgres, free_port, start_scheduler
 from tools.fleet_bench import REG, RESULT
 from tools.reports import save
 
@@ -147,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=200, help="calls of each kind per block")
     p.add_argument("--blocks", type=int, default=20)
-    p.add_argument("--durable", action="store_true", help="the database on the temporary folder's disk, not tmpfs")
+    p.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                   help="postgres: a PostgreSQL server started for the run, each scheduler on a database of its own")
+    p.add_argument("--durable", action="store_true",
+                   help="SQLite on the temporary folder's disk, not tmpfs; PostgreSQL with fsync on")
     p.add_argument("--set", action="append", default=[], help="a scheduler setting (--set k=v)")
     p.add_argument("--against-set", action="append", default=[],
                    help="a second scheduler, measured in the same blocks, with this setting too (k=v)")
@@ -161,10 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.against_set or args.against_tree:
         wanted["against"] = (args.set + args.against_set, args.against_tree)
     with tempfile.TemporaryDirectory(dir=base) as tmp, contextlib.ExitStack() as stack:
+        pg = None
+        if args.store == "postgres":
+            pg = Postgres(Path(tmp), durable=args.durable)
+            stack.callback(pg.stop)
         servers = {}
         for name, (sets, tree) in wanted.items():
             port = free_port()
-            sched = start_scheduler(Path(tmp) / f"{name}.db", port, Path(tmp) / f"{name}.log", lease_ttl=600.0,
+            sched = start_scheduler(pg.fresh() if pg else Path(tmp) / f"{name}.db", port, Path(tmp) / f"{name}.log", lease_ttl=600.0,
                                     extra=["--log-level", "WARNING", *[a for kv in sets for a in ("--set", kv)]],
                                     **({"cwd": tree.resolve()} if tree else {}))
             stack.callback(sched.stop)
@@ -172,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = run(servers, args.calls, args.blocks)
     show("this", figures["this"])
     report = {"machine": platform.processor() or platform.machine(), "cores": psutil.cpu_count(),
-              "calls_per_block": args.calls, "blocks": args.blocks, "durable": args.durable, "set": args.set,
+              "calls_per_block": args.calls, "blocks": args.blocks, "store": args.store, "durable": args.durable, "set": args.set,
               "python": sys.version.split()[0], "this": summary(figures["this"]), "blocks_us": figures}
     if "against" in figures:
         show(f"against ({' '.join(args.against_set + [str(args.against_tree or '')]).strip()})", figures["against"])
