@@ -267,11 +267,14 @@ class _GroupCommit:
         import psycopg
 
         try:
+            steps = [step for step, _ in batch]
             try:
-                results = await self._together([step for step, _ in batch])
+                # A batch of one goes as it did before batching (autocommit: no BEGIN and COMMIT to
+                # wait for, no pipeline to set up): what a call costs on a quiet scheduler.
+                results = [await self._alone(steps[0])] if len(steps) == 1 else await self._together(steps)
             except (psycopg.errors.IntegrityError, psycopg.errors.DataError, psycopg.errors.DeadlockDetected,
                     psycopg.errors.SerializationFailure):
-                results = [await self._alone(step) for step, _ in batch]
+                results = [await self._alone(step) for step in steps]
             for (_, done), rows in zip(batch, results):
                 if done.done():  # its request gone meanwhile: the task is stored all the same
                     continue
@@ -302,10 +305,12 @@ class _GroupCommit:
         return out
 
     async def _alone(self, step: Write | WriteEach) -> list | Exception:
+        """`step` in autocommit, as each was sent before batching; its error returned, to be
+        answered to its call alone."""
         try:
             async with self._store._apool.connection() as conn, conn.cursor() as cur:
                 return await _astep(cur, step)
-        except Exception as e:  # noqa: BLE001 - this submit's own error, answered to it alone
+        except Exception as e:  # noqa: BLE001 - this call's own error
             return e
 
 
