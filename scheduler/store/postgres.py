@@ -171,6 +171,9 @@ class PostgresStore(SQLStore):
         self._announcer.add(n)
 
     async def aclose(self) -> None:
+        for batcher in (self._intake, self._claims, self._reports):
+            if batcher is not None:  # a batch whose callers left is still written, then the pool closes
+                await batcher.flushed()
         if self._announcer is not None:
             await self._announcer.flushed()
         if self._apool is not None:
@@ -242,6 +245,11 @@ class _GroupCommit:
         self._waiting.append((step, done))
         self._start()
         return await done
+
+    async def flushed(self) -> None:
+        """Once every batch waiting or being sent has been."""
+        while self._sending:
+            await asyncio.wait(set(self._sending))
 
     def _start(self) -> None:
         """A sender for what waits, unless one is about to take it or every slot is busy. The batch

@@ -110,3 +110,19 @@ def test_claims_arriving_together_are_committed_in_one_batch_and_never_share_a_t
     assert len(ids) == 8 and len(set(ids)) == 8  # 2 + 2 + 2 + 2 + 0: each task leased once
     assert sorted(len(leases) for leases in got) == [0, 2, 2, 2, 2]
     assert {store.tasks.get(t).status for t in ids} == {"leased"}
+
+
+def test_closing_waits_for_a_batch_whose_callers_have_gone(store):
+    async def run():
+        await store.aopen()
+        submits = [asyncio.ensure_future(store.tasks.asubmit(SubmitTask(input={"prompt": f"left {i}"})))
+                   for i in range(5)]
+        await asyncio.sleep(0)  # each submit's INSERT waits for the batch; the batch is about to be sent
+        for s in submits:
+            s.cancel()
+        await store.aclose()  # the batch is still written before the pool closes
+        return submits
+
+    asyncio.run(run())
+    assert store._intake.batches == 1
+    assert sorted(t.input["prompt"] for t in store.tasks.list(None, 10, 0)) == [f"left {i}" for i in range(5)]
