@@ -11,27 +11,13 @@ import pytest
 
 from protocol import RegisterWorker, Report, SubmitTask
 from scheduler.store import Conflict
-from scheduler.store.postgres import PostgresStore, _GroupCommit
+from scheduler.store.postgres import _GroupCommit
+from tests.scheduler.pg_store import fresh_store, on_loop
 
 
 @pytest.fixture
 def store(postgres):
-    s = PostgresStore(postgres.fresh(), pool_size=4)
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-def on_loop(store, call):
-    async def run():
-        await store.aopen()
-        try:
-            return await call()
-        finally:
-            await store.aclose()
-
-    return asyncio.run(run())
+    yield from fresh_store(postgres)
 
 
 def test_submits_arriving_together_are_stored_in_one_batch_each_answered_alone(store):

@@ -11,16 +11,12 @@ import pytest
 
 from protocol import SubmitTask
 from scheduler.store.plans import Write
-from scheduler.store.postgres import PostgresStore
+from tests.scheduler.pg_store import fresh_store
 
 
 @pytest.fixture
 def store(postgres):
-    s = PostgresStore(postgres.fresh(), pool_size=4)
-    try:
-        yield s
-    finally:
-        s.close()
+    yield from fresh_store(postgres)
 
 
 def insert(store, prompt: str, task_id: str | None = None) -> Write:

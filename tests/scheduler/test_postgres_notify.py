@@ -14,6 +14,7 @@ import pytest
 
 from protocol import SubmitTask
 from scheduler.store.postgres import PostgresStore, _Announcer
+from tests.scheduler.pg_store import on_loop
 
 
 @pytest.fixture
@@ -46,18 +47,6 @@ def until_listening(a, heard) -> None:
             heard.get(timeout=0.5)
         except queue.Empty:
             return
-
-
-def on_loop(store, call):
-    """`call()`'s result, awaited on a loop the store has opened (the app's async path), then closed."""
-    async def run():
-        await store.aopen()
-        try:
-            return await call()
-        finally:
-            await store.aclose()
-
-    return asyncio.run(run())
 
 
 def test_a_submit_in_one_process_is_heard_by_the_other_and_not_by_itself(pair):
