@@ -184,8 +184,8 @@ class PostgresStore(SQLStore):
         """A plan on the event loop: each step one round trip on a pooled async connection, no
         thread hand-offs (through the thread pool they cost more than the statements). `step`: the
         plan's next step, where it was started elsewhere."""
-        if self._apool is None:  # not opened on a loop: the blocking way
-            return await super()._arun(plan)
+        if self._apool is None:  # not opened on a loop (or closed meanwhile): the blocking way
+            return await super()._arun(plan if step is None else _resumed(plan, step))
         try:
             step = next(plan) if step is None else step
             while True:
@@ -378,6 +378,15 @@ class _Fetched:
 
     def __iter__(self):
         return iter(self._rows)
+
+
+def _resumed(plan: Plan, step: Step) -> Plan:
+    """A plan already started, whose next step is `step`, as a plan to run from the start."""
+    try:
+        while True:
+            step = plan.send((yield step))
+    except StopIteration as done:
+        return done.value
 
 
 async def _astep(cur, step) -> list:

@@ -1,6 +1,7 @@
 """A group-committed batch of submits on PostgreSQL that fails: when one row's data is refused,
 the batch is sent again one statement at a time, so that only that submit fails and the others are
-stored; when the batch cannot be sent at all, every submit in it hears why."""
+stored; when the batch cannot be sent at all, every submit in it hears why; and a call whose plan
+goes on after its batch, once the async pool is gone, goes on the blocking way."""
 
 from __future__ import annotations
 
@@ -57,3 +58,15 @@ def test_a_batch_that_cannot_be_sent_fails_every_submit_in_it(store):
     assert len(out) == 3 and all(isinstance(e, Exception) for e in out)
     assert len({type(e) for e in out}) == 1
     assert store.tasks.list(None, 10, 0) == []
+
+
+def test_a_plan_resumed_after_the_pool_closed_goes_on_the_blocking_way(store):
+    """A call whose batch committed as the store closed: its plan's next step still runs."""
+    taken, _ = store.tasks.submit(SubmitTask(input={"prompt": "first"}, idempotency_key="k"))
+    plan = store.tasks._submit(SubmitTask(input={"prompt": "first"}, idempotency_key="k"), store.clock(),
+                               announce=False)
+    step = next(plan)  # its INSERT, which the key already taken leaves without a row
+    plan_next = plan.send([])  # the read of the first task, not yet run
+    view, created = asyncio.run(store._arun(plan, plan_next))  # no async pool: the blocking way
+    assert not created and view.id == taken.id
+    assert step.sql.startswith("INSERT")
