@@ -12,9 +12,10 @@ behind a load balancer sharing one database and coordinating through it alone.
 - New work is announced with NOTIFY after commit, the submits made while one NOTIFY is on its way
   together in the next (_Announcer): every scheduler process LISTENs and wakes its own long-polling
   lease requests (at most as many as the tasks), besides their poll_s fallback.
-- Submits and report rounds are group-committed (_GroupCommit): those that arrive while its
-  connections are busy go in together, one transaction per batch. Submits take at most half the
-  async connections and report rounds a quarter, so that claims still get theirs under a flood.
+- Submits, claims and report rounds are group-committed (_GroupCommit), each kind apart: those
+  that arrive while its connections are busy go in together, one transaction per batch. Submits
+  take at most half the async connections, claims and report rounds a quarter each, so that what
+  drains the queue still gets connections under a flood of submits.
 - Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
 """
 
@@ -220,14 +221,14 @@ class PostgresStore(SQLStore):
 
 
 class _GroupCommit:
-    """Writes group-committed (submits' INSERTs; report rounds' UPDATEs): those that arrive while
-    this batcher's connections are busy go in together, one transaction and one round trip
-    (pipelined) per batch, so a flood costs a commit (and a WAL flush) per batch rather than per
-    call, and its pace no longer depends on how soon a busy event loop resumes each call. At most
-    `slots` batches at once: the rest of the pool is for the other calls. A call is answered only
-    once its batch has committed. A batch refused for one row's data (an integrity or data error),
-    or chosen as a deadlock's victim, is sent again one step at a time, each in its own
-    transaction as before, so that only that step fails."""
+    """Writes group-committed (submits' INSERTs; claims' and report rounds' UPDATEs), one batcher
+    per kind: those that arrive while its connections are busy go in together, one transaction
+    and one round trip (pipelined) per batch, so a flood costs a commit (and a WAL flush) per
+    batch rather than per call, and its pace no longer depends on how soon a busy event loop
+    resumes each call. At most `slots` batches at once: the rest of the pool is for the other
+    calls. A call is answered only once its batch has committed. A batch refused for one row's data
+    (an integrity or data error), or chosen as a deadlock's victim, is sent again one step at a
+    time, each in its own transaction as before, so that only that step fails."""
 
     MAX_BATCH = 256
 
@@ -290,7 +291,7 @@ class _GroupCommit:
                     done.set_exception(rows)
                 else:
                     done.set_result(rows)
-        except BaseException as e:  # the database away: every submit of the batch hears why
+        except BaseException as e:  # the database away: every call of the batch hears why
             for _, done in batch:
                 if not done.done():
                     done.set_exception(e)
