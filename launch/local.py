@@ -6,6 +6,7 @@ A kill must reach every descendant, because torchrun starts each rank in a sessi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -206,6 +207,20 @@ class Client:
             raise TimeoutError(f"tasks not done after {timeout}s: {({t: v['status'] for t, v in seen.items()})}") from None
 
 
+def postgres_bin(debian: Path = Path("/usr/lib/postgresql")) -> Path:
+    """Where PostgreSQL's programs are: Debian's package (the newest), else the build the pgserver
+    wheel carries (`pip install pgserver`), for machines without the package (the lent GPU machine,
+    whose 16 cores measure a scheduler with cores to spare)."""
+    bins = sorted(debian.glob("*/bin/postgres"))
+    if bins:
+        return bins[-1].parent
+    spec = importlib.util.find_spec("pgserver")
+    for where in (spec.submodule_search_locations or []) if spec else []:
+        if (found := Path(where) / "pginstall" / "bin").joinpath("postgres").exists():
+            return found
+    raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql, or pip install pgserver)")
+
+
 class Postgres:
     """A real PostgreSQL server (Debian's package; its programs are off PATH) on 127.0.0.1, in a
     temporary folder, for the tests and the scheduler benchmark. It refuses to run as root, so as
@@ -213,10 +228,7 @@ class Postgres:
     durability; a benchmark of what users run sets it (fsync, synchronous_commit, full_page_writes on)."""
 
     def __init__(self, log_dir: Path, durable: bool = False) -> None:
-        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
-        if not bins:
-            raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
-        self.bin = bins[-1].parent
+        self.bin = postgres_bin()
         # Its own folder directly under /tmp: the postgres user cannot enter pytest's private folders.
         self.root = root = Path(tempfile.mkdtemp(prefix="dit-pg-"))
         self.port = free_port()
