@@ -85,7 +85,7 @@ class Calls:
 
 
 def cpu_s(proc: psutil.Process) -> float:
-    """The process's CPU seconds, all its threads: from the scheduler's own accounting in
+    """The process's CPU seconds, all its threads: from the kernel's accounting in
     nanoseconds where Linux gives it (/proc/PID/task/*/schedstat), else psutil's clock ticks."""
     tasks = Path(f"/proc/{proc.pid}/task")
     if tasks.is_dir():
