@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import psutil
@@ -91,7 +92,11 @@ def test_worker_re_registers_when_the_scheduler_forgets_it(make_stack):
 
 
 def test_after_a_rank_crash_the_tasks_the_group_held_succeed_soon_after_the_restart(make_stack):
-    stack = make_stack(lease_ttl=60.0)  # the production TTL: waiting for it would take a minute
+    # Leases and liveness that outlive the test: the held tasks can only come back through the restarted
+    # group's registration, never through a lease's expiry or the group being declared lost. A bound on
+    # wall time would say the same less surely and fail on a slow machine (8 tiny-model images ended
+    # 21.8 s after the restart on a loaded CI).
+    stack = make_stack(lease_ttl=3600.0, scheduler_args=["--worker-liveness", "3600"])
     proc = stack.worker(nproc=2, max_restarts=1)
     first = ready_worker(stack, proc)
     ids = [stack.client.submit({"prompt": f"held {i}", "width": 512, "height": 512})["id"] for i in range(8)]
@@ -100,15 +105,14 @@ def test_after_a_rank_crash_the_tasks_the_group_held_succeed_soon_after_the_rest
                       60, "tasks held by the group", proc)
     psutil.Process(rank_pid(proc, 1)).kill()
     second = ready_worker(stack, proc, known=1)
-    done = stack.client.wait(ids, 60, proc=proc)
+    done = stack.client.wait(ids, 120, proc=proc)
     assert all(t["status"] == "succeeded" for t in done.values()), {t: v["status"] for t, v in done.items()}
-    late = max(done[t]["finished_at"] for t in held) - second["registered_at"]
-    assert late < 20, f"the held tasks ended {late:.1f}s after the restart"
     retried = [t for t in held if done[t]["attempts"] == 2]
     assert retried and all(done[t]["worker_id"] == second["id"] for t in retried)
     old = next(w for w in stack.registered() if w["id"] == first["id"])
     assert old["status"] == "replaced" and old["node_id"] == second["node_id"] is not None
-    assert "requeued" in stack.scheduler.output()
+    assert re.search(rf"node {re.escape(second['node_id'])} restarted: [1-9]\d* task\(s\) it held requeued",
+                     stack.scheduler.output())
 
 
 def test_a_worker_killed_without_a_word_is_lost_and_its_task_leased_again_within_the_liveness_time(make_stack):
