@@ -106,9 +106,12 @@ drain_overdue() {
 }
 stop_now() {
   # torchrun first, so that it shuts down instead of restarting the group; then the ranks, which
-  # torchrun would otherwise give DRAIN_S more.
+  # torchrun would otherwise give DRAIN_S more. The ranks are named before torchrun is signalled: once
+  # it has exited they are no longer its children, and a rank stuck in its drain would live on.
+  local ranks
+  ranks=$(pgrep -P "$TORCHRUN" 2>/dev/null || true)
   kill -TERM "$TORCHRUN" 2>/dev/null || true
-  pkill -KILL -P "$TORCHRUN" 2>/dev/null || true
+  [ -z "$ranks" ] || kill -KILL $ranks 2>/dev/null || true
 }
 trap on_signal TERM INT HUP
 trap drain_overdue USR1

@@ -8,6 +8,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import psutil
+
+from launch.local import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,6 +44,13 @@ def test_a_group_without_a_rendezvous_or_with_a_bad_node_count_is_refused():
     assert out.returncode == 2 and "NNODES=two" in out.stderr
 
 
+def dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_a_drain_longer_than_drain_s_is_cut_short(tmp_path):
     """A torchrun stand-in whose rank ignores the drain signal: node.sh stops the group after DRAIN_S."""
     import signal
@@ -49,7 +60,7 @@ def test_a_drain_longer_than_drain_s_is_cut_short(tmp_path):
     fake.write_text("#!/usr/bin/env bash\n"
                     "trap 'echo torchrun: stopped >&2; exit 1' TERM\n"
                     "bash -c 'trap \"\" TERM; exec sleep 60' &\n"  # a rank whose drain never ends
-                    "echo started >&2\n"
+                    "echo started $! >&2\n"
                     "wait\n")
     fake.chmod(0o755)
     import sys
@@ -60,11 +71,14 @@ def test_a_drain_longer_than_drain_s_is_cut_short(tmp_path):
     proc = subprocess.Popen(["bash", str(ROOT / "launch/node.sh")], cwd=ROOT, env=env, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        assert proc.stderr.readline().strip() == "started"
+        word, rank = proc.stderr.readline().split()
+        assert word == "started"
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=20)
         elapsed = time.monotonic() - t0
+        # The stuck rank is killed too, not left behind when torchrun exits before it.
+        wait_until(lambda: dead(int(rank)), 5, "the stuck rank killed")
         said = proc.stderr.read()  # ends: node.sh killed the stuck rank, which held stderr open
         assert rc == 1 and elapsed < 10
         assert "draining for at most 1s" in said and "the drain took over DRAIN_S=1s; stopping now" in said
