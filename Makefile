@@ -36,13 +36,14 @@ demo: install
 
 # The import contracts (pyproject.toml) first: an architecture violation fails fast, naming the rule.
 # Most tests wait on real processes and servers, so three workers on two cores finish well before one
-# (a file per worker: a file's fixtures and servers stay together). TEST_WORKERS=0 runs them serially.
+# (a file per worker: a file's fixtures and servers stay together), in the order tests/conftest.py gives
+# them, longest first. TEST_WORKERS=0 runs them serially.
 TEST_WORKERS ?= 3
 # TEST_SIZE=ci: the slowest suites at a smaller size (tests/harness.py ci_size), as .ci/run asks.
 TEST_SIZE ?= full
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	DIT_TEST_SIZE=$(TEST_SIZE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	DIT_TEST_SIZE=$(TEST_SIZE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
 # CPU). On a GPU: make bench BENCH_ARGS="--config configs/flux-schnell.toml --random-weights --sweep"

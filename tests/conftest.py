@@ -20,11 +20,13 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# The longest files (minutes each on the 2-core CI machine; `--durations` of a clean-clone run), longest
-# first. Collected first, they start first on make test's pytest-xdist workers (a file per worker),
-# and the many short files fill in around them; started last, one of them could end the run alone.
-LONGEST_FIRST = ("tools/test_wheelhouse_install.py", "worker/model/test_speed.py", "scheduler/test_schema_fuzz.py",
-                 "e2e/test_recovery.py", "tools/test_bench.py", "e2e/test_parallel.py", "e2e/test_launch.py")
+# The longest files (minutes each on the 2-core CI machine; per-file sums of a clean-clone run's
+# `--junitxml`), longest first. Collected first, they start first on make test's pytest-xdist workers
+# (a file per worker; the Makefile's --no-loadscope-reorder keeps this order, where xdist would put the
+# files with the most tests first), and the many short files fill in around them; started last, one
+# of them could end the run alone.
+LONGEST_FIRST = ("e2e/test_recovery.py", "tools/test_wheelhouse_install.py", "e2e/test_launch.py", "e2e/test_parallel.py",
+                 "e2e/test_gcs.py", "tools/test_bench.py", "scheduler/test_schema_fuzz.py")
 
 
 def pytest_collection_modifyitems(config, items):
