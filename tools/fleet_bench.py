@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import gc
 import math
+import os
 import platform
 import random
 import statistics
@@ -377,9 +378,41 @@ def _answers(url: str) -> bool:
         return False
 
 
+def plan_pins(servers: int, cpus: set[int]) -> tuple[list[set[int]], set[int]]:
+    """--pin: a core of its own for each server process, the rest for the load generator."""
+    order = sorted(cpus)
+    if len(order) < servers + 1:
+        raise SystemExit(f"--pin needs a core for each of the {servers} server process(es) and one for the load "
+                         f"generator; this process may use {len(order)}")
+    return [{c} for c in order[:servers]], set(order[servers:])
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` on `cpus` (threads it starts later inherit it from theirs)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cpus)
+
+
+def pin_row(procs: list[Proc]) -> dict:
+    """The servers each on a core of its own, this process (the load generator) on the rest; the
+    database is left where it is. As on a machine with cores to spare, on one with few."""
+    own, rest = plan_pins(len(procs), os.sched_getaffinity(0))
+    for proc, cpus in zip(procs, own):
+        pin(proc.pid, cpus)
+    pin(os.getpid(), rest)
+    return {"servers": [sorted(c) for c in own], "load generator": sorted(rest)}
+
+
 def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg: Postgres | None,
             extra: list[str] = ()) -> dict:
     procs = start_servers(store, work, pg, list(extra))
+    everywhere = os.sched_getaffinity(0)
+    try:
+        pinned = pin_row(procs) if args.pin else None
+    except BaseException:
+        for p in procs:
+            p.stop()
+        raise
     fleet = Fleet([f"http://127.0.0.1:{p.port}" for p in procs], gpus, shape, rate, args.seconds, args.work_s,
                   args.heartbeat_s)
     watched = {"scheduler" if store != "trivial" else "server": [psutil.Process(p.pid) for p in procs],
@@ -395,8 +428,10 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         cores["others (database)"] = round((_machine_cpu() - machine0) / seconds - sum(cores.values()), 2)
         for p in procs:
             p.stop()
+        if pinned:
+            pin(os.getpid(), everywhere)
     return {"store": store, "processes": len(procs), "shape": shape, "gpus": gpus, "workers": fleet.workers,
-            **figures(rec, fleet), "cores": cores}
+            **figures(rec, fleet), "cores": cores, **({"pinned": pinned} if pinned else {})}
 
 
 def _machine_cpu() -> float:
@@ -434,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overload-gpus", type=int, default=100,
                    help="GPUs for the 2x overload row (on the default store); 0: no such row")
     p.add_argument("--set", action="append", default=[], help="a scheduler setting for every row (--set k=v)")
+    p.add_argument("--pin", action="store_true",
+                   help="each scheduler process (or the trivial server) on a core of its own, all its threads, and "
+                        "the load generator on the cores left (the database unpinned): a machine with cores to "
+                        "spare, on one with few")
     p.add_argument("--out", type=Path, default=Path("var/bench/fleet.json"))
     args = p.parse_args(argv)
     extra = [a for kv in args.set for a in ("--set", kv)]
@@ -442,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
               "offered_per_s": round(rate, 1), "seconds": args.seconds, "work_s": args.work_s,
               "heartbeat_s": args.heartbeat_s, "durable": True, "rows": []}
     stores = args.stores.split(",")
+    if args.pin:  # refused now, not after the rows before the one it cannot pin
+        plan_pins(max(2 if s == "postgres-2" else 1 for s in stores), os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         pg = Postgres(work, durable=True) if any(s.startswith("postgres") for s in stores) else None

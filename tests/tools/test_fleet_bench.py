@@ -46,3 +46,28 @@ def test_completed_counts_answered_tasks_that_succeeded_within_the_one_horizon()
     rec.succeeded = {"a": horizon - 1, "b": horizon + 1, "d": horizon - 1}
     out = fleet_bench.figures(rec, fleet)
     assert out["completed"] == 0.25 and out["succeeded_unanswered"] == 1 and out["timed_out"] == 1
+
+
+def test_pin_plans_a_core_for_each_server_and_the_rest_for_the_load_generator():
+    assert fleet_bench.plan_pins(2, {3, 0, 5, 1}) == ([{0}, {1}], {3, 5})
+    assert fleet_bench.plan_pins(1, {0, 1}) == ([{0}], {1})
+
+
+def test_pin_moves_every_thread_of_a_running_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # A process with a second thread, both already running when it is pinned.
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                              "print('ready', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        core = min(os.sched_getaffinity(0))
+        fleet_bench.pin(child.pid, {core})
+        threads = os.listdir(f"/proc/{child.pid}/task")
+        assert len(threads) == 2 and all(os.sched_getaffinity(int(t)) == {core} for t in threads)
+    finally:
+        child.kill()
+        child.wait()
