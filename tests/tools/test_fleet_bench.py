@@ -4,6 +4,9 @@ server and the real scheduler."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -53,11 +56,7 @@ def test_pin_plans_a_core_for_each_server_and_the_rest_for_the_load_generator():
     assert fleet_bench.plan_pins(1, {0, 1}) == ([{0}], {1})
 
 
-def test_pin_moves_every_thread_of_a_running_process(tmp_path):
-    import os
-    import subprocess
-    import sys
-
+def test_pin_moves_every_thread_of_a_running_process():
     # A process with a second thread, both already running when it is pinned.
     child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
                               "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
