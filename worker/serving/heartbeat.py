@@ -16,7 +16,7 @@ import time
 
 from protocol import Heartbeat
 from worker.serving.ledger import Counter, Ledger
-from worker.serving.queue_client import AuthError, NotFound, QueueClient, QueueError
+from worker.serving.queue_client import AuthError, Interrupted, NotFound, QueueClient, QueueError
 from worker.serving.state import WorkerState
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class HeartbeatThread(threading.Thread):
         True when the scheduler will not show it `lost`."""
         self.stop()
         if self.is_alive():
-            self.join(2 * self._interval)  # a beat under way ends within about its deadline, one interval
+            self.join(2 * self._interval)  # a beat under way stops retrying; one in flight ends within its timeout
         self._state.set_status("drained")
         try:
             self._client.heartbeat(self.worker_id, self.message(), deadline_s=self._interval)
@@ -78,8 +78,11 @@ class HeartbeatThread(threading.Thread):
     def beat(self) -> None:
         hb = self.message()
         try:
-            # Retries stay within one interval so beats never pile up behind each other.
-            reply = self._client.heartbeat(self.worker_id, hb, deadline_s=self._interval)
+            # Retries stay within one interval so beats never pile up behind each other, and end
+            # when the thread is stopped: a stopped worker's client may be closed under them.
+            reply = self._client.heartbeat(self.worker_id, hb, deadline_s=self._interval, interrupt=self._halt)
+        except Interrupted:
+            log.debug("heartbeat retries stopped with the thread")
         except NotFound:
             log.error("scheduler does not know worker %s; re-registering", self.worker_id)
             self._state.worker_unknown.set()

@@ -95,9 +95,11 @@ class QueueClient:
                           timeout=self._cfg.timeout_s + wait_s)
         return resp.leases if resp else []
 
-    def heartbeat(self, worker_id: str, hb: Heartbeat, deadline_s: float) -> HeartbeatReply:
+    def heartbeat(self, worker_id: str, hb: Heartbeat, deadline_s: float,
+                  interrupt: threading.Event | None = None) -> HeartbeatReply:
+        """Retried until `deadline_s`; Interrupted as soon as `interrupt` is set."""
         return self._retrying(deadline_s, self._call, "POST", f"/v1/workers/{worker_id}/heartbeat",
-                              hb, HeartbeatReply)
+                              hb, HeartbeatReply, interrupt=interrupt)
 
     def report(self, task_id: str, rep: Report, deadline_s: float) -> TaskView:
         return self._retrying(deadline_s, self._call, "POST", f"/v1/tasks/{task_id}/report", rep,
