@@ -15,8 +15,9 @@ How it works, with pip alone:
 3. Packages the node already has (`--have`, a `pip freeze` of the node) are left out when their
    version satisfies every requirement on them in the resolved set; a bare name (version unknown)
    is trusted against version ranges, not against exact pins.
-4. The resolved files are downloaded with their hashes checked (`--require-hashes`), wheels of other
-   versions are removed, and `manifest.json` records the target, what is in and what was left out.
+4. The resolved files are downloaded from the URLs the resolve chose, with their hashes checked
+   (`--require-hashes`), wheels of other versions are removed, and `manifest.json` records the
+   target, what is in and what was left out.
 
 The stand-in never reaches the wheelhouse: on the node, pip finds the real torch installed.
 """
@@ -219,16 +220,22 @@ def read_have(path: Path) -> dict[str, str | None]:
 
 
 def download(items: list[dict], target: Target, out: Path, tmp: Path) -> None:
+    pinned = tmp / "requirements.txt"
+    pinned.write_text("\n".join(pinned_requirements(items)) + "\n")
+    _pip("download", "--no-deps", "--require-hashes", "--quiet", *target.pip_args(), "--dest", str(out),
+         "--requirement", str(pinned))
+
+
+def pinned_requirements(items: list[dict]) -> list[str]:
+    """Each resolved file by its URL and sha256: pip fetches exactly what the resolve chose, without
+    asking the indexes again for each name (that took two thirds of the download's time here)."""
     lines = []
     for item in items:
         digest = item["download_info"].get("archive_info", {}).get("hashes", {}).get("sha256")
         if digest is None:
             raise SystemExit(f"{item['metadata']['name']}: the index gave no sha256 to check the download against")
-        lines.append(f"{item['metadata']['name']}=={item['metadata']['version']} --hash=sha256:{digest}")
-    pinned = tmp / "requirements.txt"
-    pinned.write_text("\n".join(lines) + "\n")
-    _pip("download", "--no-deps", "--require-hashes", "--quiet", *target.pip_args(), "--dest", str(out),
-         "--requirement", str(pinned))
+        lines.append(f"{item['metadata']['name']} @ {item['download_info']['url']} --hash=sha256:{digest}")
+    return lines
 
 
 def _filename(item: dict) -> str:

@@ -7,7 +7,15 @@ import zipfile
 
 import pytest
 
-from tools.wheelhouse import Target, fits, manylinux_tags, read_have, requirements_on, stand_in_torch
+from tools.wheelhouse import (
+    Target,
+    fits,
+    manylinux_tags,
+    pinned_requirements,
+    read_have,
+    requirements_on,
+    stand_in_torch,
+)
 
 
 def test_manylinux_tags_run_from_the_nodes_glibc_down_with_the_legacy_aliases():
@@ -69,3 +77,16 @@ def test_the_stand_in_torch_is_metadata_only_with_the_local_label(tmp_path):
         assert all(".dist-info/" in n for n in z.namelist())  # no code: it must never be installed
         metadata = z.read("torch-2.11.0+wheelhouse.dist-info/METADATA").decode()
     assert "Version: 2.11.0+wheelhouse" in metadata and "Requires-Dist" not in metadata
+
+
+def resolved(name: str, url: str, sha256: str | None) -> dict:
+    hashes = {"sha256": sha256} if sha256 else {}
+    return {"metadata": {"name": name, "version": "1.0"}, "download_info": {"url": url, "archive_info": {"hashes": hashes}}}
+
+
+def test_the_download_asks_for_the_resolved_files_by_url_and_hash():
+    items = [resolved("numpy", "https://files.example/numpy-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "ab" * 32),
+             resolved("h11", "file:///opt/pypi/files/h11-1.0-py3-none-any.whl", "cd" * 32)]
+    assert pinned_requirements(items) == [
+        f"numpy @ https://files.example/numpy-1.0-cp312-cp312-manylinux_2_28_x86_64.whl --hash=sha256:{'ab' * 32}",
+        f"h11 @ file:///opt/pypi/files/h11-1.0-py3-none-any.whl --hash=sha256:{'cd' * 32}"]
