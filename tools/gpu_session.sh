@@ -11,14 +11,8 @@
 # FLUX.1-schnell architecture with random weights at --size (default 1360x768), 16 images, one
 # compile cache for every run of the machine (it survives between calls while the machine is warm).
 set -u
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-var/gpu-session}; mkdir -p "$OUT"
-if [ ! -f /tmp/site/.done ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && touch /tmp/site/.done || exit 1
-fi
-export PYTHONPATH=/tmp/site
-python3 -m pip show dit-worker >/dev/null 2>&1 || python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null || exit 1
+. "$(dirname "$0")/device_env.sh"
 # Not CC: images export CC for the C compiler (Triton builds with it), and a shell assignment to an
 # exported name changes it for every child.
 BENCH_DIR=/root/bench; CACHE_DIR=/root/compile-cache; mkdir -p "$BENCH_DIR" "$CACHE_DIR"
