@@ -492,16 +492,17 @@ def main(argv: list[str] | None = None) -> int:
                     row = run_row(store, shape, args.gpus, rate, args, work, pg, extra)
                     report["rows"].append(row)
                     print_row(row)
+                    save(args.out, report)  # each row kept as it ends: a run cut short keeps what it measured
             if args.overload_gpus:
                 over = 2.0 * args.overload_gpus / args.work_s
                 row = run_row("sqlite", "gpu", args.overload_gpus, over, args, work, pg, extra)
                 row["overload"] = 2.0
                 report["rows"].append(row)
                 print_row(row, "sqlite 2x")
+                save(args.out, report)
         finally:
             if pg:
                 pg.stop()
-    save(args.out, report)
     return 0
 
 
