@@ -8,6 +8,7 @@ error_code, worker_id. An exception's traceback goes in `exc`.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -16,6 +17,10 @@ from typing import IO, Literal
 EVENT_FIELDS = ("task_id", "attempt", "stage", "status", "duration_ms", "error_code", "worker_id", "timings_ms")
 # Libraries log progress bars and chatter at INFO; keep our own lines readable.
 NOISY = ("httpx", "httpcore", "diffusers", "transformers", "urllib3", "onnxruntime", "uvicorn.access")
+
+# Libraries whose loggers print through a handler of their own, propagation off: their lines
+# ("[transformers] ...") would come out between the JSON ones, in no format a log shipper reads.
+OWN_HANDLERS = ("transformers.utils.logging", "diffusers.utils.logging")
 
 Format = Literal["auto", "json", "text"]
 
@@ -61,6 +66,19 @@ def configure(level: str, fmt: Format = "auto", stream: IO[str] | None = None, *
     root.setLevel(level)
     for noisy in NOISY:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def route_library_logs() -> None:
+    """The lines of OWN_HANDLERS' libraries go through the root's handler, in this entry point's
+    format, at the levels `configure` set. After `configure`, before those libraries log (the
+    worker's model and safety checks); a library not installed is skipped."""
+    for module in OWN_HANDLERS:
+        try:
+            library = importlib.import_module(module)
+        except ImportError:
+            continue
+        library.disable_default_handler()
+        library.enable_propagation()
 
 
 def _is_tty(stream: IO[str]) -> bool:

@@ -51,6 +51,7 @@ def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None
         print(f"config error: {e}", file=sys.stderr)
         return _permanent(node, EXIT_PERMANENT, f"config error: {e}")
     logs.configure(cfg.logging.level, cfg.logging.format, rank=int(os.environ.get("RANK", "0")))
+    logs.route_library_logs()
     try:
         ctx = distributed.init_distributed(cfg.distributed, cfg.model.device, COORDINATOR_RANK, cfg.model.dtype)
         for name in cfg.catalog:  # every rank, every model it may load, before registering

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import logging
@@ -64,3 +65,21 @@ def test_configuring_again_replaces_the_handler_rather_than_doubling_lines():
     logs.configure("INFO", "json", stream=out)
     logging.getLogger("x").info("once")
     assert len(out.getvalue().splitlines()) == 1
+
+
+@pytest.mark.parametrize("library", ["transformers", "diffusers"])
+def test_a_library_with_a_handler_of_its_own_logs_in_the_entry_points_format(library, capfd):
+    own = importlib.import_module(f"{library}.utils.logging")
+    out = io.StringIO()
+    logs.configure("INFO", "json", stream=out, rank=1)
+    logs.route_library_logs()
+    try:
+        own.get_logger(f"{library}.somewhere").warning("`CLIPImageProcessor` requires torchvision")
+        own.get_logger(f"{library}.somewhere").info("chatter")  # quieted to WARNING, as configure sets it
+    finally:  # the library's own state is the process's: as it was for the other tests
+        own.enable_default_handler()
+        own.disable_propagation()
+    line, = [json.loads(text) for text in out.getvalue().splitlines()]
+    assert line["msg"] == "`CLIPImageProcessor` requires torchvision" and line["level"] == "WARNING"
+    assert line["logger"] == f"{library}.somewhere" and line["rank"] == 1
+    assert "requires torchvision" not in capfd.readouterr().err  # not also printed by its own handler
