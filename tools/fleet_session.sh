@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The queue's figures on a lent machine's CPUs (README, "The queue for a fleet": the rows that need
 # cores to spare), each run under its own time limit so that a call to the device never outlives its
-# 10 minutes, its JSON and printed rows in $OUT as each row ends.
+# 10 minutes, its JSON and printed figures in $OUT as each run (fleet_bench: each row) ends.
 #
 # Here, first: the wheels the image lacks into .whl/ (ignored; tools/gpu_session.sh says how), with
 # the `postgres` extra and pgserver, whose PostgreSQL build the PostgreSQL rows run (the image has no
-# server). Then one device call, with .whl carried; each argument is NAME LIMIT_S FLEET_ARGS...:
+# server). Then one device call, with .whl carried; each argument is NAME LIMIT_S TOOL ARGS..., TOOL
+# fleet_bench (`make bench-fleet`) or call_cost (`make bench-calls`):
 #   bash tools/fleet_session.sh \
-#     "pg 330 --stores postgres,postgres-2 --shapes gpu,node --gpus 500 --seconds 30 --overload-gpus 0 --pin" \
-#     "sqlite 200 --stores trivial,sqlite --shapes gpu --gpus 500 --seconds 30 --overload-gpus 0 --pin"
+#     "pg 330 fleet_bench --stores postgres,postgres-2 --shapes gpu,node --gpus 500 --seconds 30 --overload-gpus 0 --pin" \
+#     "calls 150 call_cost --store postgres --durable"
 set -u
 OUT=${OUT:-var/fleet-session}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -17,10 +18,11 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then useradd -M postgres
 LOG=$OUT/log.txt
 echo "$(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(git rev-parse --short HEAD 2>/dev/null)" | tee -a "$LOG"
 for run in "$@"; do
-  read -r name limit args <<<"$run"
-  echo "== $(date -u +%T) $name (limit ${limit}s): $args" | tee -a "$LOG"
+  read -r name limit tool args <<<"$run"
+  case $tool in fleet_bench|call_cost) ;; *) echo "$name: TOOL is fleet_bench or call_cost, not '$tool'" | tee -a "$LOG"; continue;; esac
+  echo "== $(date -u +%T) $name (limit ${limit}s): $tool $args" | tee -a "$LOG"
   # shellcheck disable=SC2086
-  timeout -k 10 "$limit" python3 -m tools.fleet_bench $args --out "$OUT/$name.json" >> "$LOG" 2>&1
+  timeout -k 10 "$limit" python3 -m "tools.$tool" $args --out "$OUT/$name.json" >> "$LOG" 2>&1
   rc=$?  # before the line below: its $(date) would reset $? (124: the limit cut the run short)
   echo "== $(date -u +%T) $name exit $rc" | tee -a "$LOG"
 done
