@@ -56,7 +56,8 @@ def test_worker_survives_a_scheduler_crash(make_stack):
     proc = stack.worker(nproc=2)
     worker = ready_worker(stack, proc)
     stack.scheduler.kill()
-    time.sleep(5)  # longer than the tiny config's lease wait and idle backoff
+    # The outage seen and retried through, rather than a fixed wait: two lease calls failed.
+    wait_until(lambda: proc.output().count("lease failed") >= 2, 60, "two failed lease calls", proc)
     assert proc.alive()
     stack.scheduler = stack.start_scheduler()  # same port, same database
     task = stack.client.submit({"prompt": "after the outage"})
