@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import time
 
 import pytest
 import torch
@@ -88,7 +87,11 @@ def test_storage_down_mid_run_nothing_lost_nothing_unbacked(gcs_stack, monkeypat
     ids = [gcs_stack.client.submit({"prompt": f"outage {i}", "width": 128, "height": 128})["id"] for i in range(8)]
     gcs_stack.client.wait(ids[:1], 60, proc=gcs_stack.proc)
     gcs_stack.emulator.stop()
-    time.sleep(6)  # longer than the worker's storage deadline: some tasks fail storage_unavailable
+
+    def failed_storage() -> bool:  # the outage outlived the worker's storage deadline for some task
+        return any((gcs_stack.client.task(t)["error"] or {}).get("code") == "storage_unavailable" for t in ids)
+
+    wait_until(failed_storage, 60, "a task to fail storage_unavailable", gcs_stack.proc, every_s=0.5)
     gcs_stack.emulator.start()
     done = gcs_stack.client.wait(ids, 180, proc=gcs_stack.proc)
     codes = set()
