@@ -6,6 +6,11 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 BENCH_OUT ?= var/bench
 
+# Recipes write bytecode whatever the shell set (these machines set PYTHONDONTWRITEBYTECODE): the venv
+# is installed without it (below), and each process of a demo, benchmark or test would compile torch
+# and diffusers from source again. It goes to .venv and to __pycache__ folders git ignores.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
 install: $(VENV)/.installed
