@@ -15,12 +15,16 @@ PostgreSQL fsync, synchronous_commit and full_page_writes on, unlike the tests' 
 `trivial` row runs the same load against an in-memory server that does no work (serve_trivial): what
 the load generator itself can drive on this machine, so a short row elsewhere is the queue's.
 
-Figures: offered and accepted per second, 429s, submits that timed out (30 s); completed = tasks
-offered whose client got its 201 and that succeeded within --seconds plus a grace of 3 x work-s
-(the same horizon for every row, however long hung submits keep a run going); tasks that succeeded
-for a client that never got its answer, apart; lease p50/p99 (calls that returned work);
-submit -> lease p99 (the wait a task saw); submit p99; the cores of each process; for 429s, the Retry-After given against the queue wait that
-tasks admitted in the same second saw (the real wait).
+Clients do not submit a refused task again, unless --client-retries: then they honour a 429's
+Retry-After as `dit submit` does, while their 30 s last.
+
+Figures: offered and accepted per second, 429s (with --client-retries, also the tasks never
+admitted), submits that timed out (30 s); completed = tasks offered whose client got its 201 and
+that succeeded within --seconds plus a grace of 3 x work-s (the same horizon for every row, however
+long hung submits keep a run going); tasks that succeeded for a client that never got its answer,
+apart; lease p50/p99 (calls that returned work); submit -> lease p99 (the wait a task saw); submit
+p99; the cores of each process; for 429s, the Retry-After given against the queue wait that tasks
+admitted in the same second saw (the real wait).
 """
 
 from __future__ import annotations
@@ -58,7 +62,9 @@ SUBMIT_TIMEOUT_S = 30.0
 class Record:
     """What the generator saw, with perf_counter times."""
 
-    submits: list[tuple[float, float, int, float | None]] = field(default_factory=list)  # sent, ms, code, retry-after
+    # A task's last submit call: (sent, ms, code, retry-after); its first sent when it was retried.
+    submits: list[tuple[float, float, int, float | None]] = field(default_factory=list)
+    retried: list[tuple[float, float, int, float | None]] = field(default_factory=list)  # 429s submitted again
     sent_at: dict[str, tuple[float, float]] = field(default_factory=dict)  # task id -> (submit sent, answered)
     waits: list[tuple[float, float]] = field(default_factory=list)  # (submit sent, submit -> lease s)
     # (ms from when the lease could be answered (sent, or its first task accepted if later), tasks got)
@@ -73,8 +79,9 @@ class Fleet:
     """The simulated workers and clients, on one event loop."""
 
     def __init__(self, urls: list[str], gpus: int, shape: str, rate: float, seconds: float, work_s: float,
-                 heartbeat_s: float) -> None:
+                 heartbeat_s: float, client_retries: bool = False) -> None:
         self.urls, self.shape, self.rate, self.seconds = urls, shape, rate, seconds
+        self.client_retries = client_retries
         self.width = 8 if shape == "node" else 1
         self.workers = math.ceil(gpus / self.width)
         self.work_s, self.heartbeat_s = work_s, heartbeat_s
@@ -136,21 +143,34 @@ class Fleet:
             await asyncio.wait(pending)
 
     async def _submit(self, http: aiohttp.ClientSession, url: str, n: int) -> None:
-        sent = time.perf_counter()
-        code, retry = 0, None
+        """One task's submit; with client_retries, a 429 is submitted again after its Retry-After, as
+        `dit submit` does, while the client's 30 s are not over. A task admitted on a retry counts
+        its submit -> lease from its first try: the wait its client saw."""
+        first = sent = time.perf_counter()
+        while True:
+            code, retry = await self._post(http, url, n, first)
+            call = (sent, (time.perf_counter() - sent) * 1e3, code, retry)
+            again = retry if code == 429 and self.client_retries and not math.isnan(retry) else None
+            if again is None or time.perf_counter() + again - first >= SUBMIT_TIMEOUT_S:
+                self.rec.submits.append(call)
+                return
+            self.rec.retried.append(call)
+            await asyncio.sleep(again)
+            sent = time.perf_counter()
+
+    async def _post(self, http: aiohttp.ClientSession, url: str, n: int, first: float) -> tuple[int, float | None]:
         try:
             async with http.post(url + "/v1/tasks", json={"input": {"prompt": f"fleet {n}"}}) as r:
-                code = r.status
-                if code == 201:
-                    self.rec.sent_at[(await r.json())["id"]] = (sent, time.perf_counter())
-                elif code == 429:
-                    retry = float(r.headers.get("Retry-After", "nan"))
+                if r.status == 201:
+                    self.rec.sent_at[(await r.json())["id"]] = (first, time.perf_counter())
+                elif r.status == 429:
+                    return 429, float(r.headers.get("Retry-After", "nan"))
+                return r.status, None
         except asyncio.TimeoutError:
-            code = -1
+            return -1, None
         except aiohttp.ClientError as e:
-            code = -2
             self.rec.errors.append(repr(e))
-        self.rec.submits.append((sent, (time.perf_counter() - sent) * 1e3, code, retry))
+            return -2, None
 
     async def _drain(self) -> None:
         """Until every task whose submit was answered has succeeded, or the grace after the last submit ends."""
@@ -257,8 +277,9 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def figures(rec: Record, fleet: Fleet) -> dict:
-    codes = [c for _, _, c, _ in rec.submits]
+    codes = [c for _, _, c, _ in rec.submits]  # each task's last call
     offered = len(codes)
+    calls = rec.submits + rec.retried
     accepted = codes.count(201)
     waits_s = [w for _, w in rec.waits]
     # Counted at one horizon for every row: submits that hang (until their 30 s timeout) would
@@ -269,13 +290,13 @@ def figures(rec: Record, fleet: Fleet) -> dict:
     out = {"offered_per_s": round(offered / fleet.seconds, 1), "accepted_per_s": round(accepted / fleet.seconds, 1),
            "completed": round(completed / offered, 4) if offered else 0.0,
            "succeeded_unanswered": sum(1 for tid in rec.succeeded if tid not in rec.sent_at),
-           "refused_429": codes.count(429), "timed_out": codes.count(-1), "other_errors": offered - accepted
-           - codes.count(429) - codes.count(-1),
+           "refused_429": codes.count(429) + len(rec.retried), "never_admitted_429": codes.count(429),
+           "timed_out": codes.count(-1), "other_errors": offered - accepted - codes.count(429) - codes.count(-1),
            "lease_p50_ms": pct([m for m, _ in rec.leases], 0.5), "lease_p99_ms": pct([m for m, _ in rec.leases], 0.99),
            "submit_to_lease_p50_ms": pct([w * 1e3 for w in waits_s], 0.5),
            "submit_to_lease_p99_ms": pct([w * 1e3 for w in waits_s], 0.99),
-           "submit_p99_ms": pct([m for _, m, _, _ in rec.submits], 0.99),
-           "submit_max_ms": pct([m for _, m, _, _ in rec.submits], 1.0),
+           "submit_p99_ms": pct([m for _, m, _, _ in calls], 0.99),
+           "submit_max_ms": pct([m for _, m, _, _ in calls], 1.0),
            "heartbeats": rec.heartbeats[1], "heartbeats_refused": rec.heartbeats[0], "errors": rec.errors[:5]}
     out.update(retry_after_against_wait(rec))
     return out
@@ -288,7 +309,7 @@ def retry_after_against_wait(rec: Record) -> dict:
     for sent, wait in rec.waits:
         by_second.setdefault(int(sent), []).append(wait)
     ratios = []
-    for sent, _, code, retry in rec.submits:
+    for sent, _, code, retry in rec.submits + rec.retried:
         if code == 429 and retry is not None and not math.isnan(retry) and (w := by_second.get(int(sent))):
             ratios.append(retry / max(statistics.median(w), 1e-3))
     if not ratios:
@@ -414,7 +435,7 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
             p.stop()
         raise
     fleet = Fleet([f"http://127.0.0.1:{p.port}" for p in procs], gpus, shape, rate, args.seconds, args.work_s,
-                  args.heartbeat_s)
+                  args.heartbeat_s, args.client_retries)
     watched = {"scheduler" if store != "trivial" else "server": [psutil.Process(p.pid) for p in procs],
                "load generator": [psutil.Process()]}
     cpu0 = {k: sum(sum(p.cpu_times()[:2]) for p in ps) for k, ps in watched.items()}
@@ -431,7 +452,7 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         if pinned:
             pin(os.getpid(), everywhere)
     return {"store": store, "processes": len(procs), "shape": shape, "gpus": gpus, "workers": fleet.workers,
-            **figures(rec, fleet), "cores": cores, **({"pinned": pinned} if pinned else {})}
+            "client_retries": fleet.client_retries, **figures(rec, fleet), "cores": cores, **({"pinned": pinned} if pinned else {})}
 
 
 def _machine_cpu() -> float:
@@ -446,7 +467,9 @@ def print_row(row: dict, label: str = "") -> None:
           f"  offered {row['offered_per_s']:6.1f}/s  completed {row['completed'] * 100:5.1f}%"
           f"  lease p99 {f(row['lease_p99_ms']):>7s} ms  submit->lease p99 {f(row['submit_to_lease_p99_ms']):>8s} ms"
           f"  submit p99 {f(row['submit_p99_ms']):>7s} max {f(row['submit_max_ms']):>7s} ms"
-          f"  429 {row['refused_429']}  timeouts {row['timed_out']} (made anyway: {row['succeeded_unanswered']})"
+          f"  429 {row['refused_429']}"
+          + (f" (never admitted: {row['never_admitted_429']})" if row["client_retries"] else "")
+          + f"  timeouts {row['timed_out']} (made anyway: {row['succeeded_unanswered']})"
           + (f"  Retry-After/wait p50 {row['retry_after_over_wait_p50']}"
              f" ({row['retry_after_within_50pct'] * 100:.0f}% within 50%)" if "retry_after_over_wait_p50" in row else "")
           + f"  cores {row['cores']}", flush=True)
@@ -473,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="each scheduler process (or the trivial server) on a core of its own, all its threads, and "
                         "the load generator on the cores left (the database unpinned): a machine with cores to "
                         "spare, on one with few")
+    p.add_argument("--client-retries", action="store_true",
+                   help="clients submit a refused task again after its 429's Retry-After, as `dit submit` does, "
+                        "within 30 s of their first try")
     p.add_argument("--out", type=Path, default=Path("var/bench/fleet.json"))
     args = p.parse_args(argv)
     extra = [a for kv in args.set for a in ("--set", kv)]

@@ -3,6 +3,7 @@ server and the real scheduler."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -70,3 +71,66 @@ def test_pin_moves_every_thread_of_a_running_process():
     finally:
         child.kill()
         child.wait()
+
+
+def test_figures_count_tasks_once_and_every_refused_call():
+    fleet = fleet_bench.Fleet(["http://x"], gpus=1, shape="gpu", rate=1.0, seconds=10.0, work_s=1.0, heartbeat_s=30,
+                              client_retries=True)
+    rec = Record(offer_started=100.0)
+    # Task a admitted on its third try, b refused until its client gave up, c admitted at once.
+    rec.retried = [(100.0, 5.0, 429, 1.0), (101.0, 6.0, 429, 1.0), (100.5, 7.0, 429, 1.0)]
+    rec.submits = [(102.0, 8.0, 201, None), (101.5, 9.0, 429, 29.0), (100.2, 4.0, 201, None)]
+    rec.sent_at = {"a": (100.0, 102.0), "c": (100.2, 100.2)}
+    rec.succeeded = {"a": 103.0, "c": 101.0}
+    out = fleet_bench.figures(rec, fleet)
+    assert out["completed"] == pytest.approx(2 / 3, abs=1e-3) and out["offered_per_s"] == 0.3
+    assert out["refused_429"] == 4 and out["never_admitted_429"] == 1
+    assert out["submit_max_ms"] == 9.0  # over every call, the retried ones too
+
+
+def answering(codes: list[tuple[int, str]]):
+    """A loopback server whose POST /v1/tasks answers the given (status, Retry-After) in turn."""
+    from aiohttp import web
+
+    async def submit(_req):
+        status, after = codes.pop(0)
+        if status == 201:
+            return web.json_response({"id": "t1", "status": "queued"}, status=201)
+        return web.json_response({"detail": "busy"}, status=status, headers={"Retry-After": after})
+
+    app = web.Application()
+    app.add_routes([web.post("/v1/tasks", submit)])
+    return app
+
+
+async def submit_once(codes: list[tuple[int, str]], client_retries: bool) -> Record:
+    import aiohttp
+    from aiohttp import web
+
+    runner = web.AppRunner(answering(codes))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    fleet = fleet_bench.Fleet([url], gpus=1, shape="gpu", rate=1.0, seconds=1.0, work_s=1.0, heartbeat_s=30,
+                              client_retries=client_retries)
+    try:
+        async with aiohttp.ClientSession() as http:
+            await fleet._submit(http, url, 0)
+    finally:
+        await runner.cleanup()
+    return fleet.rec
+
+
+def test_a_retrying_client_submits_a_refused_task_again_after_its_retry_after():
+    rec = asyncio.run(submit_once([(429, "0"), (429, "0"), (201, "")], client_retries=True))
+    assert [c[2] for c in rec.retried] == [429, 429] and [c[2] for c in rec.submits] == [201]
+    first, _ = rec.sent_at["t1"]
+    assert first == rec.retried[0][0]  # its wait counts from the first try, as its client saw it
+
+
+def test_a_client_without_retries_or_past_its_30_s_leaves_a_refused_task():
+    rec = asyncio.run(submit_once([(429, "0"), (201, "")], client_retries=False))
+    assert rec.retried == [] and [(c[2], c[3]) for c in rec.submits] == [(429, 0.0)] and rec.sent_at == {}
+    rec = asyncio.run(submit_once([(429, "31")], client_retries=True))  # the retry would come too late
+    assert rec.retried == [] and [(c[2], c[3]) for c in rec.submits] == [(429, 31.0)] and rec.sent_at == {}
