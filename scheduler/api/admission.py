@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 
 from fastapi import HTTPException, Request
@@ -77,6 +77,7 @@ class Pace:
 
     INTERVAL_S = 0.1
     MIN_QUEUE = 4
+    INTAKE_INTERVALS = 10  # the pace the refused are spread at: what was stored over about the last second
 
     def __init__(self, target_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.target_s, self.clock = target_s, clock
@@ -87,6 +88,7 @@ class Pace:
         self._since = clock()
         self._fastest = math.inf
         self._due = -math.inf  # when the last client refused was told to come back
+        self._intake: deque[tuple[float, int]] = deque(maxlen=self.INTAKE_INTERVALS)  # (seconds, stored)
 
     def behind(self) -> bool:
         """True when a submit now would be one too many."""
@@ -107,18 +109,23 @@ class Pace:
 
     def come_back_s(self) -> int:
         """Retry-After for a submit refused now, in whole seconds. The refused are spread out at the
-        pace the process takes submits in (its room over the target, per second), at least a second
-        from now: one fixed second brought every client refused in a second back together, to be
+        pace the process stored submits over about the last second, at least a second from now: one
+        fixed second brought every client refused in a second back together, to be
         refused again, and a process behind spent its time refusing (make bench-fleet
         --client-retries, 300 GPUs on 2 cores: 121,411 refusals in 30 s, 40% completed, against 62%
         when clients gave up at the first 429)."""
         now = self.clock()
         due = max(self._due, now + 1.0)
-        per_s = max(self._room / self.target_s, 1.0) if self.target_s and self._room != math.inf else math.inf
-        self._due = due + 1.0 / per_s
+        self._due = due + 1.0 / self.intake_per_s()
         return max(1, math.floor(due - now))
 
+    def intake_per_s(self) -> float:
+        """Submits stored per second over about the last second (at least one)."""
+        seconds = sum(dt for dt, _ in self._intake)
+        return max(sum(n for _, n in self._intake) / seconds, 1.0) if seconds else 1.0
+
     def _roll(self, now: float) -> None:
+        self._intake.append((now - self._since, self._ended))
         if self._ended:
             slow = self._fastest > self.target_s
         else:  # none ended: slow once the oldest in flight has waited past the target

@@ -209,16 +209,20 @@ def test_submits_are_429_at_once_while_the_process_is_behind_and_workers_are_sti
     store.close()
 
 
-def test_pace_tells_the_refused_to_come_back_spread_out_at_the_pace_it_takes_submits_in():
+def test_pace_tells_the_refused_to_come_back_spread_out_at_the_pace_it_stored_submits():
     clock = Clock()
     pace = Pace(target_s=0.25, clock=clock)
-    tokens = [pace.enter() for _ in range(Pace.MIN_QUEUE)]
-    clock.now += 3 * Pace.INTERVAL_S
-    assert pace.behind() and pace.room == Pace.MIN_QUEUE  # 4 in 0.25 s: it takes in 16 a second
+    assert pace.come_back_s() == 1  # nothing measured yet
+    clock.now += 10.0
+    pace.behind()  # an idle interval, judged; the ten below push it out
+    for _ in range(10):  # two stored every 0.125 s: 16 a second
+        pace.leave(pace.enter())
+        pace.leave(pace.enter())
+        clock.now += 0.125
+        pace.behind()  # the interval is judged
+    assert pace.intake_per_s() == 16.0
     assert [pace.come_back_s() for _ in range(40)] == [1] * 16 + [2] * 16 + [3] * 8
     clock.now += 1.0  # a second on, the schedule has moved with it
     assert pace.come_back_s() == 2
     clock.now += 10.0  # long after: the next refused comes back in a second again
     assert pace.come_back_s() == 1
-    for t in tokens:
-        pace.leave(t)
