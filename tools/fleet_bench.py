@@ -62,7 +62,7 @@ SUBMIT_TIMEOUT_S = 30.0
 class Record:
     """What the generator saw, with perf_counter times."""
 
-    # A task's last submit call: (sent, ms, code, retry-after); its first sent when it was retried.
+    # Each task's last submit call: (sent, ms, code, retry-after); the calls before it, refused and retried, apart.
     submits: list[tuple[float, float, int, float | None]] = field(default_factory=list)
     retried: list[tuple[float, float, int, float | None]] = field(default_factory=list)  # 429s submitted again
     sent_at: dict[str, tuple[float, float]] = field(default_factory=dict)  # task id -> (submit sent, answered)

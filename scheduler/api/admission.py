@@ -109,11 +109,11 @@ class Pace:
 
     def come_back_s(self) -> int:
         """Retry-After for a submit refused now, in whole seconds. The refused are spread out at the
-        pace the process stored submits over about the last second, at least a second from now: one
-        fixed second brought every client refused in a second back together, to be
-        refused again, and a process behind spent its time refusing (make bench-fleet
-        --client-retries, 300 GPUs on 2 cores: 121,411 refusals in 30 s, 40% completed, against 62%
-        when clients gave up at the first 429)."""
+        pace the process stored submits over about the last second, at least a second from now.
+        One fixed second brought every client refused in a second back together, to be refused
+        again, and a process behind spent its time refusing (make bench-fleet --client-retries,
+        300 GPUs on 2 cores: 121,411 refusals in 30 s, 40% completed, against 62% when clients
+        gave up at the first 429)."""
         now = self.clock()
         due = max(self._due, now + 1.0)
         self._due = due + 1.0 / self.intake_per_s()
