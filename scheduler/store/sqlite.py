@@ -20,6 +20,13 @@ is on disk. The busier the loop, the more calls share an fsync.
 The COMMIT runs on a thread of its own: its fsync (some 0.4 ms on an SSD, up to a sixth of the loop's
 time under a fleet's load) no longer stops the event loop, which parses, admits and answers other
 requests meanwhile. Store calls made during it wait for it and then form the next group together.
+
+Locks (docs/architecture.md, "Threads, locks and the event loop"). `_write` guards the write
+connection: a thread holds it for its own transaction; the loop's group holds it from its BEGIN
+until the committer thread's COMMIT, across turns of the loop. So the loop thread takes it only to
+open a group (never while its own group is open), and nothing else ever waits for it on the loop.
+`_readers` guards the list of read connections, held for an append and nothing else: a read never
+waits for a writer, and the loop's first read never waits for its own group.
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ class SQLiteStore(SQLStore):
     def __init__(self, path: str | Path, **options: Any) -> None:
         super().__init__(**options)
         self._path = self.location = str(path)
-        self._lock = threading.Lock()
+        self._write = threading.Lock()  # the write connection: a thread's transaction, or the loop's group
+        self._readers_lock = threading.Lock()  # the list of read connections, for an append
         # Group commit (aopen): the loop whose calls share transactions, the open group's future.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -80,7 +88,7 @@ class SQLiteStore(SQLStore):
         db = getattr(self._local, "db", None)
         if db is None:
             db = self._local.db = self._connect()
-            with self._lock:
+            with self._readers_lock:  # never the write lock: the loop's open group may hold that
                 self._readers.append(db)
         return db
 
@@ -89,7 +97,7 @@ class SQLiteStore(SQLStore):
         if self._loop_thread == threading.get_ident():  # a call the event loop makes: in the group
             yield from self._in_group()
             return
-        with self._lock:
+        with self._write:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -101,11 +109,14 @@ class SQLiteStore(SQLStore):
     def _in_group(self) -> Iterator[sqlite3.Connection]:
         """A savepoint in the loop's open group transaction (opened here if none is)."""
         if self._group is None:
-            self._lock.acquire()  # held until the group commits: threads' transactions wait for it
+            # Held until the group commits: threads' transactions wait for it. Free, or held by a
+            # thread's transaction or the last group's COMMIT (acall waited for that), both of which
+            # end without the loop.
+            self._write.acquire()
             try:
                 self._db.execute("BEGIN IMMEDIATE")
             except BaseException:
-                self._lock.release()
+                self._write.release()
                 raise
             self._group = self._loop.create_future()
             self._loop.call_soon(self._commit_group)
@@ -135,7 +146,7 @@ class SQLiteStore(SQLStore):
                 self._db.execute("ROLLBACK")
             raise
         finally:
-            self._lock.release()
+            self._write.release()
 
     def _committed(self, done: asyncio.Future, group: asyncio.Future) -> None:
         if self._committing is done:
@@ -183,7 +194,8 @@ class SQLiteStore(SQLStore):
         return "id IN (SELECT value FROM json_each(?))", json.dumps(ids)
 
     def close(self) -> None:
-        with self._lock:
+        """After aclose: waits for a thread's transaction, never for a group (none can be open)."""
+        with self._write, self._readers_lock:
             for db in [*self._readers, self._db]:
                 db.close()
 
