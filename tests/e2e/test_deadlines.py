@@ -70,6 +70,7 @@ def test_a_serve_loop_that_hangs_gives_its_tasks_back_and_exits(make_stack):
         psutil.wait_procs([rank0], timeout=10)
         assert not rank0.is_running() or rank0.status() == psutil.STATUS_ZOMBIE
         assert "made no progress for" in proc.output()
+        assert "Every thread's stack" in proc.output() and "ranks/distributed.py" in proc.output()  # where it waited
         for t in ids:
             assert held_until[t] - stopped <= 12 + HEARTBEAT_S + 3, f"{t} held {held_until[t] - stopped:.1f}s"
         tasks = [stack.client.task(t) for t in ids]

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 
 from protocol import ErrorCode
+from telemetry.stacks import thread_stacks
 from worker.serving.ledger import Held, Ledger
 from worker.serving.reporter import Reporter
 from worker.serving.state import WorkerState
@@ -68,7 +69,8 @@ class Watchdog(threading.Thread):
     def _stalled(self) -> None:
         held = self._ledger.abandon_all()
         log.critical("the serve loop made no progress for %.0fs (deadlines.stall_s); giving back %d task(s) "
-                     "and exiting so the group is restarted", self._state.idle_s(), len(held))
+                     "and exiting so the group is restarted. Every thread's stack:\n%s", self._state.idle_s(),
+                     len(held), thread_stacks())
         for h in held:
             if not h.stage.started:  # the attempt does not count
                 self._reporter.release(h.task, deadline_s=GIVE_BACK_S)

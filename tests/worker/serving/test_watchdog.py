@@ -88,7 +88,7 @@ def test_a_task_that_moves_on_gets_its_next_stages_deadline():
     assert reporter.sent == [] and ledger.in_flight() == ["t"]
 
 
-def test_a_stalled_serve_loop_gives_its_tasks_back_and_exits():
+def test_a_stalled_serve_loop_gives_its_tasks_back_and_exits(caplog):
     clock, state, ledger, reporter, exits, dog = setup({Stage.GENERATE: 400})
     waiting, generating = task("waiting"), task("generating")
     ledger.hold(waiting, Stage.READY)
@@ -106,3 +106,6 @@ def test_a_stalled_serve_loop_gives_its_tasks_back_and_exits():
                                      ("waiting", "released", "")]
     assert reporter.fates == {"waiting": Fate.ABANDONED, "generating": Fate.ABANDONED}
     assert ledger.held() == []
+    # Where every thread stood, for the operator: this test's own thread among them.
+    said = "\n".join(r.getMessage() for r in caplog.records if r.levelname == "CRITICAL")
+    assert "Every thread's stack" in said and "test_a_stalled_serve_loop_gives_its_tasks_back_and_exits" in said
