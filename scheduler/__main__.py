@@ -10,12 +10,13 @@ import sys
 
 from importlib.metadata import entry_points
 
-import uvicorn
-
 from scheduler.app import create_app
 from scheduler.config import ConfigError, add_flags, flag_values, load_config, read_secrets
 from telemetry import logs
+from scheduler.metrics import SchedulerMetrics
+from scheduler.server import Server, config
 from scheduler.store import open_store
+from scheduler.waiting import Stop
 
 log = logging.getLogger("scheduler")
 # A setting that cannot work: restarting cannot cure it (argparse exits 2 for a bad flag, too).
@@ -51,20 +52,21 @@ def main(argv: list[str] | None = None) -> int:
     secrets = read_secrets(cfg.api, os.environ)
     db, server = cfg.database, cfg.server
     models = cfg.models
-    store = open_store(db.url, pool_size=db.pool_size, **dict(cfg.store), models=models.ids,
-                       default_model=models.default, cold_wait_s=models.cold_wait_s, route=models.route)
+    store = open_store(db.url, pool_size=db.pool_size, busy_timeout_s=db.busy_timeout_s, **dict(cfg.store),
+                       models=models.ids, default_model=models.default, cold_wait_s=models.cold_wait_s,
+                       route=models.route)
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              server.host, server.port, db.url, cfg.store.lease_ttl_s, cfg.store.max_attempts,
              "on" if secrets.worker_tokens else "off (loopback)")
-    app = create_app(store, cfg.api, secrets)
+    metrics, stop = SchedulerMetrics(store), Stop()
+    app = create_app(store, cfg.api, secrets, metrics=metrics, stop=stop)
     # What start-up made lives as long as the process. A full collection walked it all, twice or
     # more a second under 500 workers: 75-100 ms pauses of every request. Frozen, the collector
     # leaves it alone (pauses of 4-20 ms over the ~15,000 objects requests make).
     gc.collect()
     gc.freeze()
-    # log_config=None: uvicorn's lines go through the one handler configured above.
-    uvicorn.run(app, host=server.host, port=server.port, log_level=cfg.logging.level.lower(), access_log=False,
-                log_config=None)
+    Server(config(app, server, cfg.logging.level.lower()), server, on_stop=stop.fire,
+           on_lag=metrics.loop_lag.observe).run()
     store.close()
     return 0
 

@@ -17,19 +17,25 @@ from scheduler.api.services import Services
 from scheduler.config import ApiConfig, Secrets
 from scheduler.metrics import RequestTimer, SchedulerMetrics
 from scheduler.store import Store
+from scheduler.waiting import Stop
 
 ROUTERS = (tasks.router, workers.router, reports.router, ops.router, status.router)
 
 
-def create_app(store: Store, api: ApiConfig = ApiConfig(), secrets: Secrets = Secrets()) -> FastAPI:
+def create_app(store: Store, api: ApiConfig = ApiConfig(), secrets: Secrets = Secrets(), *,
+               metrics: SchedulerMetrics | None = None, stop: Stop | None = None) -> FastAPI:
     """The app over `store`, with the settings' api section and the secrets it names. Empty token
-    sets switch auth off; __main__ allows that only on a loopback address."""
-    metrics = SchedulerMetrics(store)  # before the lifespan: the request timer needs it
+    sets switch auth off; __main__ allows that only on a loopback address. `metrics`: made here when
+    not given (the process's server also records into them); `stop`, fired on the loop as the process
+    stops: every waiting call is answered then (scheduler/server.py)."""
+    metrics = metrics or SchedulerMetrics(store)  # before the lifespan: the request timer needs it
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Services]]:
         await store.aopen()
         services = Services.make(store, api, secrets, metrics)
+        if stop is not None:
+            stop.listen(services.stop_waiting)
         async with background.running(services):
             yield {SERVICES: services}  # each request's state: the dependencies read it there
         await services.watch.close()

@@ -22,6 +22,7 @@ from scheduler.store import Store
 
 # Long polls (lease) last up to their wait_s: the upper buckets are for them.
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, float("inf"))
+LAG_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, float("inf"))
 REGISTRATION_STATUSES = ("initializing", "ready", "draining", "drained", "replaced", "lost")
 
 
@@ -42,6 +43,10 @@ class SchedulerMetrics:
                                 registry=r)  # outcome: delivered, failed (retried later), gave_up
         self.requests = Histogram("dit_scheduler_request_seconds", "Request latency by route (lease: with its wait)",
                                   ["method", "route", "code"], buckets=LATENCY_BUCKETS, registry=r)
+        # Sampled four times a second (loop_watch.py); a loop stuck for server.stuck_loop_s exits.
+        self.loop_lag = Histogram("dit_scheduler_event_loop_lag_seconds", "How late the event loop ran a timer "
+                                  "that was due: what every call waits beyond its own work", buckets=LAG_BUCKETS,
+                                  registry=r)
         r.register(QueueCollector(store))
         if process:
             ProcessCollector(registry=r)
@@ -84,7 +89,7 @@ class QueueCollector(Collector):
         reclaimed = CounterMetricFamily("dit_scheduler_leases_reclaimed",
                                         "Held tasks taken back from workers (this process), by reason and result",
                                         labels=["reason", "result"])
-        for (reason, result), n in sorted(self._store.reclaimed.items()):
+        for (reason, result), n in sorted(self._store.reclaimed.copy().items()):  # the loop adds to it meanwhile
             reclaimed.add_metric([reason, result], n)
         yield reclaimed
 

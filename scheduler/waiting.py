@@ -5,6 +5,9 @@ event loop. Clients wait for tasks to end (TaskWatch: `Prefer: wait=N` on submit
 A task that ends in this process (a report, a cancel) wakes its clients at once. One that ends in
 another scheduler process, or by a lease sweep, is found by a single query every `poll_s` for all the
 ids waited on here, so a thousand waiting clients cost one read a second, not a thousand.
+
+When the process stops (`stop()`), every wait ends at once and later ones do not wait: clients get
+the task as it stands and lease requests what is there now, so the stop need not outwait them.
 """
 
 from __future__ import annotations
@@ -24,26 +27,49 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class Stop:
+    """The process is stopping (scheduler/server.py fires it on the loop, at the first stop signal):
+    what listens (the app's waits) is told once."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+        self.fired = False
+
+    def listen(self, fn: Callable[[], None]) -> None:
+        self._listeners.append(fn)
+        if self.fired:
+            fn()
+
+    def fire(self) -> None:
+        self.fired = True
+        for fn in self._listeners:
+            fn()
+
+
 class TaskWatch:
     def __init__(self, store: Store, poll_s: float = 1.0) -> None:
         self._store = store
         self._poll_s = poll_s
         self._waiting: dict[str, set[asyncio.Future]] = {}
         self._poller: asyncio.Task | None = None
+        self._stopping = False
 
     @property
     def waiting(self) -> int:
         return sum(len(f) for f in self._waiting.values())
 
     async def wait(self, task_id: str, timeout_s: float) -> bool:
-        """Until the task ends (True) or `timeout_s` passes (False). The caller reads the task after."""
+        """Until the task ends (True) or `timeout_s` passes or the process stops (False). The caller
+        reads the task after."""
+        if self._stopping:
+            return False
         fut = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(task_id, set()).add(fut)
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll())
         try:
             done, _ = await asyncio.wait({fut}, timeout=timeout_s)
-            return bool(done)
+            return bool(done) and not self._stopping
         finally:
             waiters = self._waiting.get(task_id, set())
             waiters.discard(fut)
@@ -61,6 +87,14 @@ class TaskWatch:
         """These tasks reached a final state: their waiters return."""
         for task_id in task_ids:
             for fut in self._waiting.get(task_id, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def stop(self) -> None:
+        """The process is stopping: every wait returns now, and none waits from here on."""
+        self._stopping = True
+        for futs in self._waiting.values():
+            for fut in futs:
                 if not fut.done():
                     fut.set_result(None)
 
@@ -90,6 +124,7 @@ class Waiters:
     def __init__(self, poll_s: float) -> None:
         self._queue: deque[asyncio.Future] = deque()
         self._poll_s = poll_s
+        self._stopping = False
 
     async def poll(self, claim: Callable[[], Awaitable[list[T]]], wait_s: float,
                    gone: Callable[[], Awaitable[bool]] | None = None) -> list[T]:
@@ -104,7 +139,7 @@ class Waiters:
             try:
                 got = await claim()
                 left = end - time.monotonic()
-                if got or left <= 0:
+                if got or left <= 0 or self._stopping:
                     return got
                 await asyncio.wait({woken}, timeout=min(left, self._poll_s))
                 if gone is not None and (left_us := await gone()):
@@ -125,6 +160,12 @@ class Waiters:
             pass
         if served and fut.done():
             self.notify(1)
+
+    def stop(self) -> None:
+        """The process is stopping: every waiting request looks once more and returns, and later ones
+        return after their first look."""
+        self._stopping = True
+        self.notify(len(self._queue))
 
     def notify(self, n: int) -> None:
         while n > 0 and self._queue:

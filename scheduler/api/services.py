@@ -31,3 +31,8 @@ class Services:
         """On the event loop that serves the app."""
         return cls(store, api, secrets, metrics, Waiters(api.poll_s), TaskWatch(store, api.wait_poll_s),
                    Admission(store, api, metrics), Cached(""))
+
+    def stop_waiting(self) -> None:
+        """The process is stopping: waiting lease requests and clients are answered now."""
+        self.waiters.stop()
+        self.watch.stop()

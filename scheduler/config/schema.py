@@ -27,6 +27,14 @@ class Section(BaseModel):
 class ServerConfig(Section):
     host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(8700, ge=0, le=65535, description="0: any free port")
+    # The event loop serves every request. One that has not turned for this long waits for something
+    # that will not come: every thread's stack is logged and the process exits (EXIT_STUCK) for its
+    # supervisor to restart it. Above the longest bounded wait on the loop (database.busy_timeout_s).
+    stuck_loop_s: float = Field(30.0, ge=0, description="the event loop not turning this long: log every "
+                                "thread's stack and exit for a restart; 0: never")
+    # SIGTERM or SIGINT: no new connections, waiting calls answered now, the calls in flight finished,
+    # the open group committed; whatever is left at this deadline is cut. A second signal: at once.
+    shutdown_s: float = Field(10.0, gt=0, description="a stop signal ends the process within this")
 
 
 class DatabaseConfig(Section):
@@ -34,6 +42,10 @@ class DatabaseConfig(Section):
     url: str = Field("var/scheduler.db", min_length=1)
     # PostgreSQL connections per pool, two pools per process; ignored for SQLite.
     pool_size: int = Field(4, ge=1)
+    # SQLite: how long a write waits for the file's lock held by another process (a backup, a second
+    # scheduler by mistake) before it fails; ignored for PostgreSQL.
+    busy_timeout_s: float = Field(10.0, gt=0, description="SQLite: a write waits this long for another "
+                                  "process's lock")
 
 
 class StoreConfig(Section):
@@ -196,6 +208,10 @@ class SchedulerConfig(Section):
     @model_validator(mode="after")
     def _can_work(self, info: ValidationInfo) -> "SchedulerConfig":
         api = self.api
+        if 0 < self.server.stuck_loop_s <= self.database.busy_timeout_s:
+            raise ValueError(f"server.stuck_loop_s: {self.server.stuck_loop_s:g}s would restart a scheduler "
+                             f"waiting out a busy database (database.busy_timeout_s = "
+                             f"{self.database.busy_timeout_s:g}s); above it, or 0 for never")
         if 0 < api.rate_burst < 1 and api.rate_limit > 0:
             raise ValueError("api.rate_burst: under 1, no task could ever be submitted; "
                              "at least 1, or 0 for ten seconds' worth of api.rate_limit")

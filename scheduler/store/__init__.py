@@ -18,10 +18,12 @@ def open_store(db: str | Path, **options) -> Store:
     """postgresql://...: PostgreSQL (psycopg, from the `postgres` extra); a file path: SQLite
     (created with its folder). Options: lease_ttl_s, max_attempts, liveness_s, retention_s (worker
     registrations), task_retention_s (ended tasks);
-    pool_size, PostgreSQL's connections per pool (ignored by SQLite)."""
+    pool_size, PostgreSQL's connections per pool (ignored by SQLite); busy_timeout_s, SQLite's wait for
+    another process's lock (ignored by PostgreSQL)."""
     if str(db).startswith(("postgresql://", "postgres://")):
         from scheduler.store.postgres import PostgresStore  # psycopg only where it is used
 
+        options.pop("busy_timeout_s", None)  # the server's locks, not a file's
         return PostgresStore(str(db), **options)
     options.pop("pool_size", None)  # no pool in-process
     path = Path(db)

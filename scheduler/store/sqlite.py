@@ -54,9 +54,11 @@ class SQLiteStore(SQLStore):
     QUEUE_INDEX = " INDEXED BY tasks_queue"
     MODEL_QUEUE_INDEX = " INDEXED BY tasks_model_queue"
 
-    def __init__(self, path: str | Path, **options: Any) -> None:
+    def __init__(self, path: str | Path, busy_timeout_s: float = 10.0, **options: Any) -> None:
+        """`busy_timeout_s`: how long a statement waits for the file's lock held by another process."""
         super().__init__(**options)
         self._path = self.location = str(path)
+        self._busy_ms = round(busy_timeout_s * 1000)
         self._write = threading.Lock()  # the write connection: a thread's transaction, or the loop's group
         self._readers_lock = threading.Lock()  # the list of read connections, for an append
         # Group commit (aopen): the loop whose calls share transactions, the open group's future.
@@ -80,7 +82,7 @@ class SQLiteStore(SQLStore):
         db.row_factory = sqlite3.Row
         # FULL: a committed claim or result survives an OS crash, not only a process crash.
         db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=10000")
+        db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         return db
 
     def _read(self) -> sqlite3.Connection:

@@ -38,6 +38,11 @@ def refusal(tmp_path, text: str, environ: dict[str, str] | None = None, **kw) ->
     ('[database]\nurl = ""\n', "database.url: String should have at least 1 character"),
     ("[api]\nrate_limit = -1\n", "api.rate_limit: Input should be greater than or equal to 0"),
     ("[api]\nrate_limit = 2\nrate_burst = 0.5\n", "api.rate_burst: under 1, no task could ever be submitted"),
+    ("[server]\nstuck_loop_s = 5\n", "server.stuck_loop_s: 5s would restart a scheduler waiting out a busy database "
+     "(database.busy_timeout_s = 10s)"),
+    ("[server]\nstuck_loop_s = 2\n[database]\nbusy_timeout_s = 2\n", "server.stuck_loop_s: 2s would restart"),
+    ("[server]\nshutdown_s = 0\n", "server.shutdown_s: Input should be greater than 0"),
+    ("[database]\nbusy_timeout_s = 0\n", "database.busy_timeout_s: Input should be greater than 0"),
 ])
 def test_each_mistake_in_a_file_names_file_and_field(tmp_path, text, message):
     assert refusal(tmp_path, text).startswith(f"{tmp_path / 's.toml'}: {message}")

@@ -35,3 +35,31 @@ def test_a_wakeup_that_came_while_the_request_found_work_anyway_goes_to_the_next
         assert not third.done()
 
     asyncio.run(scenario())
+
+
+def test_a_stop_answers_every_long_poll_after_one_more_look_and_later_ones_do_not_wait():
+    from scheduler.waiting import Stop, TaskWatch
+
+    async def scenario():
+        waiters, watch, stop = Waiters(poll_s=60.0), TaskWatch(store=None, poll_s=60.0), Stop()
+        stop.listen(waiters.stop)
+        stop.listen(watch.stop)
+        looks = []
+
+        async def claim():
+            looks.append(1)
+            return []
+
+        polls = [asyncio.create_task(waiters.poll(claim, wait_s=60.0)) for _ in range(3)]
+        waits = [asyncio.create_task(watch.wait("t1", 60.0)) for _ in range(2)]
+        while len(looks) < 3 or watch.waiting < 2:
+            await asyncio.sleep(0)
+        stop.fire()
+        done, pending = await asyncio.wait(polls + waits, timeout=5.0)
+        assert not pending
+        assert [p.result() for p in polls] == [[], [], []] and len(looks) == 6  # one more look each
+        assert [w.result() for w in waits] == [False, False]  # answered as it stands, not "ended"
+        assert await asyncio.wait_for(waiters.poll(claim, wait_s=60.0), 1.0) == []
+        assert await asyncio.wait_for(watch.wait("t2", 60.0), 1.0) is False
+
+    asyncio.run(scenario())
