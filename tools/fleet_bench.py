@@ -18,13 +18,21 @@ the load generator itself can drive on this machine, so a short row elsewhere is
 Clients do not submit a refused task again, unless --client-retries: then they honour a 429's
 Retry-After as `dit submit` does, while their 30 s last.
 
+--together: the workers register while the clients already submit, against the fresh process each
+row starts (a fleet coming up, or coming back after a restart), instead of all before them.
+
+Beside every row, a process of its own asks each scheduler's /livez once a second (1 s timeout): a
+loop that stops turning shows as missed probes. At the row's end each scheduler gets SIGTERM, and
+the seconds to its exit and its exit code are recorded (server.shutdown_s bounds them).
+
 Figures: offered and accepted per second, 429s (with --client-retries, also the tasks never
 admitted), submits that timed out (30 s); completed = tasks offered whose client got its 201 and
 that succeeded within --seconds plus a grace of 3 x work-s (the same horizon for every row, however
 long hung submits keep a run going); tasks that succeeded for a client that never got its answer,
 apart; lease p50/p99 (calls that returned work); submit -> lease p99 (the wait a task saw); submit
 p99; the cores of each process; for 429s, the Retry-After given against the queue wait that tasks
-admitted in the same second saw (the real wait).
+admitted in the same second saw (the real wait); /livez probes (answered within 1 s, the slowest);
+the stop (seconds from SIGTERM to exit, exit code).
 """
 
 from __future__ import annotations
@@ -32,11 +40,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import math
 import os
 import platform
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,9 +90,10 @@ class Fleet:
     """The simulated workers and clients, on one event loop."""
 
     def __init__(self, urls: list[str], gpus: int, shape: str, rate: float, seconds: float, work_s: float,
-                 heartbeat_s: float, client_retries: bool = False) -> None:
+                 heartbeat_s: float, client_retries: bool = False, together: bool = False) -> None:
         self.urls, self.shape, self.rate, self.seconds = urls, shape, rate, seconds
         self.client_retries = client_retries
+        self.together = together
         self.width = 8 if shape == "node" else 1
         self.workers = math.ceil(gpus / self.width)
         self.work_s, self.heartbeat_s = work_s, heartbeat_s
@@ -93,13 +105,14 @@ class Fleet:
         clients = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                          timeout=aiohttp.ClientTimeout(total=SUBMIT_TIMEOUT_S)) for _ in self.urls]
         try:
-            ids = await asyncio.gather(*[self._register(c[0], self.urls[i % len(self.urls)])
-                                         for i, c in enumerate(conns)])
-            loops = [asyncio.create_task(self._worker(c, self.urls[i % len(self.urls)], wid))
-                     for i, (c, wid) in enumerate(zip(conns, ids))]
             # Hundreds of coroutines in one process: a full collection stalls all of them at once.
             gc.disable()
-            await asyncio.sleep(1.0)  # every worker in its first long poll
+            loops = [asyncio.create_task(self._worker(c, self.urls[i % len(self.urls)]))
+                     for i, c in enumerate(conns)]
+            if not self.together:
+                while self.registered < self.workers and not any(t.done() for t in loops):
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)  # every worker in its first long poll
             await self._offer(clients)
             await self._drain()
             self.stop.set()
@@ -121,9 +134,13 @@ class Fleet:
     def _session() -> aiohttp.ClientSession:
         return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1), timeout=aiohttp.ClientTimeout(total=60))
 
+    registered = 0
+
     async def _register(self, http: aiohttp.ClientSession, url: str) -> str:
         async with http.post(url + "/v1/workers", json={**REG, "world_size": 1}) as r:
-            return (await r.json())["worker_id"]
+            wid = (await r.json())["worker_id"]
+        self.registered += 1
+        return wid
 
     async def _offer(self, clients: list[aiohttp.ClientSession]) -> None:
         """Submits on a Poisson schedule for `seconds`, each on its own coroutine (open loop)."""
@@ -178,10 +195,15 @@ class Fleet:
         while time.perf_counter() < end and self.rec.sent_at.keys() - self.rec.succeeded.keys():
             await asyncio.sleep(0.1)
 
-    async def _worker(self, conns: tuple[aiohttp.ClientSession, aiohttp.ClientSession], url: str, wid: str) -> None:
-        """Leases for its free GPUs (up to `width`) on one connection while finished tasks are reported
-        on another, as the worker's lease-ahead and reporter threads do."""
+    async def _worker(self, conns: tuple[aiohttp.ClientSession, aiohttp.ClientSession], url: str) -> None:
+        """Registers, then leases for its free GPUs (up to `width`) on one connection while finished
+        tasks are reported on another, as the worker's lease-ahead and reporter threads do."""
         lease_http, report_http = conns
+        try:
+            wid = await self._register(lease_http, url)
+        except Exception as e:  # the scheduler refused or is not answering: counted, this worker is out
+            self.rec.errors.append(f"register: {e!r}")
+            return
         free = asyncio.Semaphore(self.width)
         held: dict[str, dict] = {}
         done: list[dict] = []
@@ -366,8 +388,40 @@ def serve_trivial(port: int) -> None:
     app.add_routes([web.post("/v1/workers", register), web.post("/v1/tasks", submit),
                     web.post("/v1/workers/{w}/lease", lease), web.post("/v1/workers/{w}/heartbeat", report),
                     web.post("/v1/tasks/{t}/report", report), web.post("/v1/reports", reports),
-                    web.get("/healthz", health)])
+                    web.get("/healthz", health), web.get("/livez", health)])
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=uvloop.new_event_loop())
+
+
+# ---------------------------------------------------------------- /livez, from a process of its own
+
+
+def probe_livez(out: Path, urls: list[str]) -> None:
+    """Until SIGTERM: each scheduler's /livez once a second, 1 s timeout; a JSON line per probe
+    (url, ms, or null when it did not answer within the second)."""
+    import httpx
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    with open(out, "a") as f, httpx.Client(timeout=1.0) as http:
+        while not stop:
+            due = time.monotonic() + 1.0
+            for url in urls:
+                t0 = time.perf_counter()
+                try:
+                    ok = http.get(url + "/livez").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                ms = (time.perf_counter() - t0) * 1e3
+                f.write(json.dumps({"url": url, "ms": round(ms, 1) if ok else None}) + "\n")
+                f.flush()
+            time.sleep(max(0.0, due - time.monotonic()))
+
+
+def livez_figures(path: Path) -> dict:
+    probes = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    answered = [p["ms"] for p in probes if p["ms"] is not None and p["ms"] <= 1000]
+    return {"livez_probes": len(probes), "livez_missed": len(probes) - len(answered),
+            "livez_max_ms": max(answered, default=None)}
 
 
 # ---------------------------------------------------------------- runs
@@ -434,8 +488,11 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         for p in procs:
             p.stop()
         raise
-    fleet = Fleet([f"http://127.0.0.1:{p.port}" for p in procs], gpus, shape, rate, args.seconds, args.work_s,
-                  args.heartbeat_s, args.client_retries)
+    urls = [f"http://127.0.0.1:{p.port}" for p in procs]
+    fleet = Fleet(urls, gpus, shape, rate, args.seconds, args.work_s, args.heartbeat_s, args.client_retries,
+                  args.together)
+    probes = work / f"livez-{time.monotonic_ns()}.jsonl"
+    prober = subprocess.Popen([sys.executable, "-m", "tools.fleet_bench", "probe-livez", str(probes), *urls])
     watched = {"scheduler" if store != "trivial" else "server": [psutil.Process(p.pid) for p in procs],
                "load generator": [psutil.Process()]}
     cpu0 = {k: sum(sum(p.cpu_times()[:2]) for p in ps) for k, ps in watched.items()}
@@ -447,12 +504,25 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         cores = {k: round((sum(sum(p.cpu_times()[:2]) for p in ps) - cpu0[k]) / seconds, 2)
                  for k, ps in watched.items()}
         cores["others (database)"] = round((_machine_cpu() - machine0) / seconds - sum(cores.values()), 2)
-        for p in procs:
-            p.stop()
+        prober.send_signal(signal.SIGTERM)
+        prober.wait(10)
+        stops = stop_all(procs)
         if pinned:
             pin(os.getpid(), everywhere)
     return {"store": store, "processes": len(procs), "shape": shape, "gpus": gpus, "workers": fleet.workers,
-            "client_retries": fleet.client_retries, **figures(rec, fleet), "cores": cores, **({"pinned": pinned} if pinned else {})}
+            "client_retries": fleet.client_retries, "together": fleet.together, **figures(rec, fleet),
+            **livez_figures(probes), **stops, "cores": cores, **({"pinned": pinned} if pinned else {})}
+
+
+def stop_all(procs: list[Proc], timeout_s: float = 30.0) -> dict:
+    """SIGTERM to each server in turn: the seconds each took to exit (about timeout_s: it did not, and
+    was killed then) and its exit code."""
+    took, codes = [], []
+    for p in procs:
+        t0 = time.perf_counter()
+        codes.append(p.stop(timeout_s))
+        took.append(round(time.perf_counter() - t0, 2))
+    return {"stop_s": took, "exit_codes": codes}
 
 
 def _machine_cpu() -> float:
@@ -472,6 +542,8 @@ def print_row(row: dict, label: str = "") -> None:
           + f"  timeouts {row['timed_out']} (made anyway: {row['succeeded_unanswered']})"
           + (f"  Retry-After/wait p50 {row['retry_after_over_wait_p50']}"
              f" ({row['retry_after_within_50pct'] * 100:.0f}% within 50%)" if "retry_after_over_wait_p50" in row else "")
+          + f"  livez missed {row['livez_missed']}/{row['livez_probes']} (max {f(row['livez_max_ms'])} ms)"
+          + f"  stop {row['stop_s']} s exit {row['exit_codes']}"
           + f"  cores {row['cores']}", flush=True)
 
 
@@ -479,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve-trivial"]:
         serve_trivial(int(argv[1]))
+        return 0
+    if argv[:1] == ["probe-livez"]:
+        probe_livez(Path(argv[1]), argv[2:])
         return 0
     p = argparse.ArgumentParser(prog="fleet_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -499,6 +574,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client-retries", action="store_true",
                    help="clients submit a refused task again after its 429's Retry-After, as `dit submit` does, "
                         "within 30 s of their first try")
+    p.add_argument("--together", action="store_true",
+                   help="the workers register while the clients already submit (a fleet coming up against the "
+                        "fresh process each row starts), instead of all before them")
+    p.add_argument("--repeat", type=int, default=1, help="each row this many times, a fresh process each")
     p.add_argument("--out", type=Path, default=Path("var/bench/fleet.json"))
     args = p.parse_args(argv)
     extra = [a for kv in args.set for a in ("--set", kv)]
@@ -515,10 +594,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for store in stores:
                 for shape in args.shapes.split(","):
-                    row = run_row(store, shape, args.gpus, rate, args, work, pg, extra)
-                    report["rows"].append(row)
-                    print_row(row)
-                    save(args.out, report)  # each row kept as it ends: a run cut short keeps what it measured
+                    for _ in range(args.repeat):
+                        row = run_row(store, shape, args.gpus, rate, args, work, pg, extra)
+                        report["rows"].append(row)
+                        print_row(row)
+                        save(args.out, report)  # each row kept as it ends: a run cut short keeps what it measured
             if args.overload_gpus:
                 over = 2.0 * args.overload_gpus / args.work_s
                 row = run_row("sqlite", "gpu", args.overload_gpus, over, args, work, pg, extra)

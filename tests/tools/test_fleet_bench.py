@@ -37,7 +37,19 @@ def test_a_short_run_on_the_trivial_server_and_sqlite_completes_what_it_offers(t
         assert row["completed"] >= 0.9  # 90% of what the GPUs make, 3 x work_s to finish
         assert row["succeeded_unanswered"] == 0  # no submit went unanswered
         assert 0 <= row["lease_p50_ms"] <= row["lease_p99_ms"] and row["submit_to_lease_p99_ms"] is not None
+        assert row["livez_probes"] >= 2 and row["livez_missed"] == 0 and row["livez_max_ms"] <= 1000
+    assert [rows["sqlite", s]["exit_codes"] for s in ("gpu", "node")] == [[0], [0]]  # SIGTERM: a clean exit
+    assert max(rows["sqlite", s]["stop_s"][0] for s in ("gpu", "node")) < 10  # within server.shutdown_s
     assert "trivial" in capsys.readouterr().out
+
+
+def test_a_fleet_that_registers_while_clients_submit_completes_too(tmp_path):
+    """--together: the first seconds of a fresh process, registrations among the first submits."""
+    out = tmp_path / "fleet.json"
+    assert fleet_bench.main(["--gpus", "16", "--seconds", "2", "--work-s", "0.2", "--stores", "sqlite",
+                             "--shapes", "gpu", "--overload-gpus", "0", "--together", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["together"] and row["errors"] == [] and row["completed"] >= 0.9 and row["exit_codes"] == [0]
 
 
 def test_completed_counts_answered_tasks_that_succeeded_within_the_one_horizon():
