@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -396,23 +396,27 @@ def serve_trivial(port: int) -> None:
 
 
 def probe_livez(out: Path, urls: list[str]) -> None:
-    """Until SIGTERM: each scheduler's /livez once a second, 1 s timeout; a JSON line per probe
-    (url, ms, or null when it did not answer within the second)."""
+    """Until SIGTERM: each scheduler's /livez once a second, 1 s timeout, as a supervisor probes it;
+    a JSON line per probe (url, seconds since the first, ms or null when it did not answer within the
+    second, and then the error)."""
     import httpx
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    started = time.monotonic()
     with open(out, "a") as f, httpx.Client(timeout=1.0) as http:
         while not stop:
             due = time.monotonic() + 1.0
             for url in urls:
                 t0 = time.perf_counter()
+                error = None
                 try:
                     ok = http.get(url + "/livez").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
+                except httpx.HTTPError as e:
+                    ok, error = False, type(e).__name__
                 ms = (time.perf_counter() - t0) * 1e3
-                f.write(json.dumps({"url": url, "ms": round(ms, 1) if ok else None}) + "\n")
+                f.write(json.dumps({"url": url, "at_s": round(time.monotonic() - started, 1),
+                                    "ms": round(ms, 1) if ok else None, "error": error}) + "\n")
                 f.flush()
             time.sleep(max(0.0, due - time.monotonic()))
 
@@ -421,7 +425,9 @@ def livez_figures(path: Path) -> dict:
     probes = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     answered = [p["ms"] for p in probes if p["ms"] is not None and p["ms"] <= 1000]
     return {"livez_probes": len(probes), "livez_missed": len(probes) - len(answered),
-            "livez_max_ms": max(answered, default=None)}
+            "livez_max_ms": max(answered, default=None),
+            "livez_errors": dict(Counter(p.get("error") for p in probes if p["ms"] is None)),
+            "livez_missed_at_s": [p["at_s"] for p in probes if p["ms"] is None or p["ms"] > 1000]}
 
 
 # ---------------------------------------------------------------- runs
@@ -491,7 +497,7 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
     urls = [f"http://127.0.0.1:{p.port}" for p in procs]
     fleet = Fleet(urls, gpus, shape, rate, args.seconds, args.work_s, args.heartbeat_s, args.client_retries,
                   args.together)
-    probes = work / f"livez-{time.monotonic_ns()}.jsonl"
+    probes = args.out.parent / f"livez-{store}-{shape}-{time.monotonic_ns()}.jsonl"  # kept beside the report
     prober = subprocess.Popen([sys.executable, "-m", "tools.fleet_bench", "probe-livez", str(probes), *urls])
     watched = {"scheduler" if store != "trivial" else "server": [psutil.Process(p.pid) for p in procs],
                "load generator": [psutil.Process()]}
@@ -506,12 +512,36 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         cores["others (database)"] = round((_machine_cpu() - machine0) / seconds - sum(cores.values()), 2)
         prober.send_signal(signal.SIGTERM)
         prober.wait(10)
+        lag = loop_lag(urls) if store != "trivial" else {}
         stops = stop_all(procs)
         if pinned:
             pin(os.getpid(), everywhere)
     return {"store": store, "processes": len(procs), "shape": shape, "gpus": gpus, "workers": fleet.workers,
             "client_retries": fleet.client_retries, "together": fleet.together, **figures(rec, fleet),
-            **livez_figures(probes), **stops, "cores": cores, **({"pinned": pinned} if pinned else {})}
+            **livez_figures(probes), **lag, **stops, "cores": cores, **({"pinned": pinned} if pinned else {})}
+
+
+def loop_lag(urls: list[str]) -> dict:
+    """The schedulers' event-loop lag over the row (their histogram, summed): the share of beats later
+    than 0.1 s and 1 s, and the bucket the 99th percentile falls in."""
+    import httpx
+
+    buckets: dict[float, float] = {}
+    for url in urls:
+        try:
+            text = httpx.get(url + "/metrics", timeout=10).text
+        except httpx.HTTPError:
+            return {}
+        for line in text.splitlines():
+            if line.startswith("dit_scheduler_event_loop_lag_seconds_bucket"):
+                le = float(line.split('le="', 1)[1].split('"', 1)[0])
+                buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    total = buckets.get(math.inf, 0.0)
+    if not total:
+        return {}
+    p99 = min(le for le, n in buckets.items() if n >= 0.99 * total)
+    return {"loop_lag_over_100ms": round(1 - buckets[0.1] / total, 3), "loop_lag_over_1s": round(1 - buckets[1.0] / total, 3),
+            "loop_lag_p99_le_s": p99}
 
 
 def stop_all(procs: list[Proc], timeout_s: float = 30.0) -> dict:
@@ -543,6 +573,8 @@ def print_row(row: dict, label: str = "") -> None:
           + (f"  Retry-After/wait p50 {row['retry_after_over_wait_p50']}"
              f" ({row['retry_after_within_50pct'] * 100:.0f}% within 50%)" if "retry_after_over_wait_p50" in row else "")
           + f"  livez missed {row['livez_missed']}/{row['livez_probes']} (max {f(row['livez_max_ms'])} ms)"
+          + (f"  loop lag p99 <= {row['loop_lag_p99_le_s']} s, over 1 s {row['loop_lag_over_1s'] * 100:.1f}%"
+             if "loop_lag_p99_le_s" in row else "")
           + f"  stop {row['stop_s']} s exit {row['exit_codes']}"
           + f"  cores {row['cores']}", flush=True)
 
