@@ -11,7 +11,7 @@ BENCH_OUT ?= var/bench
 # and diffusers from source again. It goes to .venv and to __pycache__ folders git ignores.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo test bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
+.PHONY: install demo test docs bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -55,6 +55,10 @@ TEST_SIZE ?= full
 test: install
 	$(VENV)/bin/lint-imports --no-cache
 	DIT_TEST_SIZE=$(TEST_SIZE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# docs/config.md from the settings trees (a test fails when it is stale).
+docs: install
+	$(PY) -m tools.config_doc
 
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
 # CPU). On a GPU: make bench BENCH_ARGS="--config configs/flux-schnell.toml --random-weights --sweep"
