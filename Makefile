@@ -117,13 +117,17 @@ WHEELHOUSE_ARGS ?=
 wheelhouse: install
 	$(PY) -m tools.wheelhouse --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
+# --results-root: the status page may show thumbnails of what `make node` stores (configs/tiny.toml).
 scheduler: install
-	$(PY) -m scheduler
+	$(PY) -m scheduler --results-root outputs
 
 # A node against `make scheduler` on this machine: the tiny model on CPU, 2 ranks, unless CONFIG
 # and NPROC say otherwise. Ctrl-C drains it.
+# exec: make's own SIGTERM reaches node.sh, which drains, and make waits for it (it then exits 143,
+# and 130 after a Ctrl-C, as make does on a signal whatever its recipe does).
 node: install models/tiny-flux/model_index.json
-	PATH="$(abspath $(VENV))/bin:$$PATH" CONFIG="$(or $(CONFIG),configs/tiny.toml)" NPROC="$(or $(NPROC),2)" launch/node.sh
+	exec env PATH="$(abspath $(VENV))/bin:$$PATH" CONFIG="$(or $(CONFIG),configs/tiny.toml)" NPROC="$(or $(NPROC),2)" \
+	  launch/node.sh
 
 clean:
 	rm -rf var outputs models wheelhouse .pytest_cache
