@@ -113,7 +113,9 @@ MAX_MODELS = 64  # models one worker may hold or load
 class SubmitTask(_Strict):
     """POST /v1/tasks. `input` holds prompt, width, height, steps, seed, output_format."""
 
-    input: dict[str, Any]
+    # Free-form beyond its prompt: each worker validates the rest against its own limits.
+    input: dict[str, Any] = Field(json_schema_extra={
+        "required": ["prompt"], "properties": {"prompt": {"type": "string", "minLength": 1, "pattern": r"\S"}}})
     model: ModelId | None = Field(None, description=(
         "one of the fleet's models (GET /v1/models); absent: the fleet's default. Only a worker that "
         "holds it or can load it leases the task"))
@@ -124,9 +126,16 @@ class SubmitTask(_Strict):
 
     @field_validator("input")
     @classmethod
-    def _prompt_without_bidi_controls(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # Checked here, not only by workers: the prompt is shown (status page, logs) as soon as it is stored.
-        if isinstance(prompt := value.get("prompt"), str) and (found := bidi_control(prompt)):
+    def _a_prompt_shown_as_written(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Checked here, not only by workers: a task without a prompt can only fail once leased, and
+        # the prompt is shown (status page, logs) as soon as it is stored.
+        prompt = value.get("prompt")
+        if not isinstance(prompt, str):
+            raise ValueError("input.prompt: required, a string" if prompt is None else
+                             f"input.prompt: must be a string, not {type(prompt).__name__}")
+        if not prompt.strip():
+            raise ValueError("input.prompt: must not be empty")
+        if found := bidi_control(prompt):
             raise ValueError(f"input.prompt: contains {found}, a bidirectional control character, which would "
                              "reorder the text shown around the prompt")
         return value

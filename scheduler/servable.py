@@ -1,8 +1,9 @@
 """Whether any live worker could serve a task's input, from the limits workers advertise when they
 register (protocol WorkerLimits): pure functions, so the rules are unit-tested apart from HTTP.
 
-Only values are checked against limits (prompt length, sizes, pixels, steps, output format). Types,
-unknown fields and blank prompts are left to the worker, which fails such a task with a reason. A
+Only values are checked against limits (prompt length, sizes, pixels, steps, output format), and every
+one refused is named at once. Types and unknown fields are left to the worker, which fails such a task
+with a reason (a missing or blank prompt the protocol refuses before this). A
 fleet with no live worker, or with one that advertised no limits, may serve anything as far as the
 scheduler knows: nothing is refused then.
 """
@@ -14,8 +15,9 @@ from typing import Any
 
 from protocol import WorkerLimits
 
-# The order refusals are named in: the first field every worker refuses is the one reported.
+# The order refusals are named in, by field and within a field by kind.
 FIELDS = ("input.prompt", "input.width", "input.height", "input", "input.steps", "input.output_format")
+KINDS = ("multiple", "above", "below", "format")
 
 
 @dataclass(frozen=True)
@@ -44,10 +46,14 @@ def refusal(inp: dict[str, Any], fleet: list[WorkerLimits | None]) -> str | None
     each = [refusals(inp, limits) for limits in fleet]
     if not all(each):
         return None
+    said = []
     for field in FIELDS:
-        found = [next((r for r in mine if r.field == field), None) for mine in each]
-        if all(found) and len({r.kind for r in found}) == 1:
-            return _everywhere(found)
+        for kind in KINDS:
+            found = [next((r for r in mine if r.field == field and r.kind == kind), None) for mine in each]
+            if all(found):
+                said.append(_everywhere(found))
+    if said:
+        return "; ".join(said)
     # Every worker refuses something, but not the same field: no single one takes the whole input.
     parts = sorted({mine[0].alone() for mine in each})
     return f"input: no live worker accepts all of it ({'; '.join(parts)})"
@@ -82,13 +88,12 @@ def refusals(inp: dict[str, Any], limits: WorkerLimits) -> list[Refusal]:
 
 
 def _side(field: str, value: int, limits: WorkerLimits) -> list[Refusal]:
-    if value % limits.size_multiple:
-        return [Refusal(field, "multiple", value, limits.size_multiple)]
+    out = [Refusal(field, "multiple", value, limits.size_multiple)] if value % limits.size_multiple else []
     if value > limits.max_side:
-        return [Refusal(field, "above", value, limits.max_side)]
-    if value < limits.min_side:
-        return [Refusal(field, "below", value, limits.min_side)]
-    return []
+        out.append(Refusal(field, "above", value, limits.max_side))
+    elif value < limits.min_side:
+        out.append(Refusal(field, "below", value, limits.min_side))
+    return out
 
 
 def _everywhere(found: list[Refusal]) -> str:

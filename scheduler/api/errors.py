@@ -29,7 +29,8 @@ async def store_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 naming each field and what is wrong, without echoing the input: a NaN, an infinity or a
-    huge value sent back would make the answer itself fail."""
-    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-              for e in exc.errors()]
+    huge value sent back would make the answer itself fail. Every field wrong is named at once, and a
+    validator's own words without pydantic's "Value error, " before them."""
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "").removeprefix("Value error, "),
+               "type": e.get("type", "")} for e in exc.errors()]
     return JSONResponse({"detail": errors}, status_code=422)

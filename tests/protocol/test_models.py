@@ -33,8 +33,21 @@ def test_valid_reports():
 def test_submit_refuses_unknown_top_level_fields_but_keeps_input_free_form():
     with pytest.raises(ValidationError, match="extra"):
         SubmitTask.model_validate({"input": {}, "colour": "red"})
-    # the input is validated by the worker, against its own limits
-    assert SubmitTask.model_validate({"input": {"anything": [1]}}).input == {"anything": [1]}
+    # beyond its prompt, the input is validated by the worker, against its own limits
+    inp = {"prompt": "a fox", "anything": [1]}
+    assert SubmitTask.model_validate({"input": inp}).input == inp
+
+
+@pytest.mark.parametrize("inp, why", [
+    ({}, "input.prompt: required, a string"),
+    ({"prompt": ""}, "input.prompt: must not be empty"),
+    ({"prompt": " \n\t"}, "input.prompt: must not be empty"),
+    ({"prompt": ["a fox"]}, "input.prompt: must be a string, not list"),
+    ({"prompt": 7}, "input.prompt: must be a string, not int"),
+])
+def test_a_task_without_a_prompt_is_refused_at_submit_naming_it(inp, why):
+    with pytest.raises(ValidationError, match=why):
+        SubmitTask.model_validate({"input": inp})
 
 
 def test_result_keeps_fields_from_newer_workers():

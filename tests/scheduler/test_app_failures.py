@@ -44,6 +44,15 @@ def test_malformed_bodies_are_422(server):
     assert server.post("/v1/workers", json={**REG, "world_size": 0}).status_code == 422
 
 
+def test_a_submit_without_a_prompt_is_422_naming_it_in_the_validators_own_words(server):
+    for inp, why in (({}, "input.prompt: required, a string"), ({"prompt": "  "}, "input.prompt: must not be empty")):
+        resp = server.post("/v1/tasks", json={"input": inp})
+        assert resp.status_code == 422
+        assert [(e["loc"], e["msg"]) for e in resp.json()["detail"]] == [(["body", "input"], why)]
+    batch = server.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "ok"}}, {"input": {"prompt": ""}}]})
+    assert batch.status_code == 422 and batch.json()["detail"][0]["loc"] == ["body", "tasks", 1, "input"]
+
+
 def test_queue_full_is_429_with_retry_after(server):
     wid = register(server)
     drain(server, wid)

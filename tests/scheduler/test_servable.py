@@ -30,7 +30,7 @@ def test_an_input_some_live_worker_accepts_passes(inp):
 
 @pytest.mark.parametrize("inp", [
     {"prompt": 7, "width": "1360", "steps": True, "output_format": 1},  # types: the worker names them
-    {"prompt": "", "colour": "red"},  # blank prompts and unknown fields too
+    {"prompt": "a fox", "colour": "red"},  # unknown fields too
     {"width": 512},
 ])
 def test_what_only_the_worker_can_judge_passes(inp):
@@ -55,6 +55,15 @@ def test_nothing_is_refused_without_a_live_worker_or_when_one_did_not_say():
 ])
 def test_a_refusal_names_the_field_and_the_limit(inp, why):
     assert refusal(inp, [SMALL]) == why
+
+
+def test_every_refused_value_is_named_at_once_not_one_per_try():
+    why = refusal({"prompt": "x" * 2001, "width": 1370, "height": 32, "steps": 9}, [SMALL])
+    assert why == ("input.prompt: 2001 characters is above every live worker's limit (2000); "
+                   "input.width: 1370 is not a multiple of 16, as every live worker requires; "
+                   "input.width: 1370 is above every live worker's limit (1024); "
+                   "input.height: 32 is below every live worker's minimum (64); "
+                   "input.steps: 9 is above every live worker's limit (8)")
 
 
 def test_pixels_count_the_default_side_an_input_leaves_out():
