@@ -76,7 +76,7 @@ EXIT_FOR: tuple[tuple[type | tuple[type, ...], Exit], ...] = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)  # a usage error exits 2 here
+    args = _parser().parse_args(_values_joined(sys.argv[1:] if argv is None else argv))  # a usage error exits 2 here
     try:
         with Client(args.url, args.token, retry_deadline_s=args.retry_deadline) as dit:
             return COMMANDS[args.command](dit, args)
@@ -117,7 +117,12 @@ def submit(dit: Client, args) -> int:
     if not (args.wait or args.output):  # a file asked for is a result waited for
         _line(task.id)
         return Exit.OK
-    task = _await(dit, task, args.timeout)
+    try:
+        task = _await(dit, task, args.timeout)
+    except KeyboardInterrupt:  # the task goes on: say which it is, or it is lost to its submitter
+        err.print(f"interrupted: {task.id} was submitted and goes on", markup=False, highlight=False)
+        err.print(_resume_hint(task.id), markup=False, highlight=False)
+        raise
     if task.status != "succeeded":
         raise TaskFailed(task)
     r = task.result
@@ -391,7 +396,19 @@ def _size(text: str) -> tuple[int, int]:
         w, h = (int(x) for x in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT, e.g. 1360x768") from None
+    if w <= 0 or h <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be positive, e.g. 1360x768")
     return w, h
+
+
+def _values_joined(argv: list[str]) -> list[str]:
+    """`--size -16x512` as `--size=-16x512`: argparse takes a value that starts with "-" for an option
+    and says only "expected one argument"; joined, the value itself is judged (and refused by name)."""
+    out, rest = [], iter(argv)
+    for arg in rest:
+        value = next(rest, None) if arg == "--size" else None
+        out.append(arg if value is None else f"--size={value}")
+    return out
 
 
 def _url(text: str) -> str:

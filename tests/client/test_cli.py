@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from client import cli
-from launch.local import free_port, start_scheduler
+from launch.local import free_port, start_scheduler, wait_until
 from protocol import QueueFigures, TaskView, WorkerView
 from tests.harness import Clock, register
 
@@ -125,6 +126,8 @@ def test_errors_name_what_to_do_and_set_the_exit_status(url):
     assert missing.returncode == 4 and "check the id" in missing.stderr
     bad = dit(url, "submit", "x", "--size", "big")
     assert bad.returncode == 2 and "is not WIDTHxHEIGHT" in bad.stderr
+    negative = dit(url, "submit", "x", "--size", "-16x512")  # not taken for an option: judged, and named
+    assert negative.returncode == 2 and "'-16x512': width and height must be positive" in negative.stderr
     down = dit(f"http://127.0.0.1:{free_port()}", "--retry-deadline", "0.5", "status", "x")
     assert down.returncode == 3 and "is the scheduler running" in down.stderr
 
@@ -259,3 +262,19 @@ def test_the_wait_view_counts_seconds_places_the_task_and_hints_only_when_nothin
     assert view.text() == "t1: processing · 5s · worker w-1 · attempt 2 of 3"  # no hint: it is being served
     view.task = TaskView(**{**TASK, "priority": 5})
     assert view.text().startswith("t1: queued · 5s · position 1-2 of 7 queued")
+
+
+def test_ctrl_c_while_waiting_says_which_task_goes_on(empty_url):
+    proc = subprocess.Popen([DIT, "submit", "interrupted while waiting", "--wait"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env(empty_url))
+    try:
+        with httpx.Client(base_url=empty_url) as http:
+            wait_until(lambda: http.get("/v1/tasks").json()["tasks"], 30, "the task to be submitted")
+            (task,) = http.get("/v1/tasks").json()["tasks"]
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert f"interrupted: {task['id']} was submitted and goes on" in stderr and f"dit status {task['id']}" in stderr
