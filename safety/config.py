@@ -42,17 +42,19 @@ class Section(BaseModel):
 class CustomConfig(Section):
     """A backend of your own: `factory` is "module:callable", called with `options` as keywords."""
 
-    factory: str = Field(pattern=r"^[\w.]+:\w+$")
-    options: dict[str, str | int | float | bool] = {}
+    factory: str = Field(pattern=r"^[\w.]+:\w+$", description="\"module:callable\" that returns the check")
+    options: dict[str, str | int | float | bool] = Field({}, description="keyword arguments for the factory")
 
 
 class DetoxifyConfig(Section):
-    model_type: Literal["original", "unbiased", "multilingual", "original-small", "unbiased-small"] = "original"
+    model_type: Literal["original", "unbiased", "multilingual", "original-small", "unbiased-small"] = Field(
+        "original", description="which released detoxify model; each scores its own categories")
     # A local .ckpt file. Unset: detoxify downloads the released checkpoint (needs the network).
     checkpoint: str | None = None
     # Local directory with the model's config.json and tokenizer files, for fully offline loading.
     huggingface_config_path: str | None = None
-    thresholds: dict[str, float] = Field(default_factory=lambda: dict(DETOXIFY_THRESHOLDS))
+    thresholds: dict[str, float] = Field(default_factory=lambda: dict(DETOXIFY_THRESHOLDS),
+                                         description="per category: the score (0-1) at which a prompt is refused")
 
     @model_validator(mode="after")
     def _thresholds_in_range(self) -> "DetoxifyConfig":
@@ -65,11 +67,13 @@ class DetoxifyConfig(Section):
 
 
 class ProfanityConfig(Section):
-    threshold: float = Field(0.9, ge=0.0, le=1.0)
+    threshold: float = Field(0.9, ge=0.0, le=1.0, description="profanity probability at which a prompt is "
+                             "refused")
 
 
 class PolicyCategoryConfig(Section):
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: this category never refuses (not allowed for the "
+                          "always-on ones)")
     # The score at which the category refuses: a strong term adds 1.0, a weak one 0.5.
     threshold: float = Field(1.0, gt=0.0, le=10.0)
 
@@ -78,7 +82,7 @@ class PolicyConfig(Section):
     """The prompt policy (safety/policy/lists): runs first on every backend, and cannot be switched
     off as a whole; sexual content involving a minor is refused whatever is configured here."""
 
-    languages: tuple[str, ...] = ("en", "fr", "es", "de")
+    languages: tuple[str, ...] = Field(("en", "fr", "es", "de"), description="word lists loaded, by language code")
     # Per category (sexual, violence, hate, self_harm): on or off, and its threshold.
     categories: dict[str, PolicyCategoryConfig] = {}
     # TOML files of your own in the lists' format: more terms, exempt phrases, another language.
@@ -94,7 +98,8 @@ class PolicyConfig(Section):
 class TextCheckConfig(Section):
     # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise alt-profanity-check
     # (its model ships in its wheel), with the choice logged at start.
-    backend: Literal["detoxify", "profanity", "auto", "custom", "off"] = "detoxify"
+    backend: Literal["detoxify", "profanity", "auto", "custom", "off"] = Field(
+        "detoxify", description="the prompt classifier run after the policy lists; off: the lists alone")
     # auto: rank 0's GPU where there is one (a batch of 16 prompts in milliseconds, against about
     # 35 ms per prompt on two CPU cores for BERT-base), else the CPU; the memory it takes is logged.
     device: str = "auto"
@@ -108,8 +113,9 @@ class TextCheckConfig(Section):
 
 
 class NudeNetConfig(Section):
-    labels: tuple[str, ...] = NUDENET_EXPLICIT
-    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    labels: tuple[str, ...] = Field(NUDENET_EXPLICIT, description="NudeNet labels that flag an image")
+    threshold: float = Field(0.5, ge=0.0, le=1.0, description="detection score at which a listed label flags "
+                             "the image")
     model_path: str | None = Field(None, description="an ONNX detector; unset: the one in the wheel")
     # onnxruntime's default is a pool of one thread per core that spins between calls: on rank 0 it
     # takes CPU the ranks' generation needs. One thread, no spinning.
@@ -118,17 +124,21 @@ class NudeNetConfig(Section):
 
 class HFClassifierConfig(Section):
     model: str = Field("Falconsai/nsfw_image_detection", description="Hub id or local directory")
-    revision: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) of `model`; unset: "
+                                 "the default branch")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="torch dtype the "
+                                                              "classifier is loaded in")
     # Labels whose probability counts against an image; each must be one of the model's labels.
     flag_labels: tuple[str, ...] = ("nsfw",)
-    threshold: float = Field(0.5, ge=0.0, le=1.0)
-    batch_size: int = Field(8, ge=1, le=256)
+    threshold: float = Field(0.5, ge=0.0, le=1.0, description="probability of a flag label at which the image "
+                             "is flagged")
+    batch_size: int = Field(8, ge=1, le=256, description="images per classifier call")
 
 
 class ImageCheckConfig(Section):
-    backend: Literal["nudenet", "hf", "custom", "off"] = "nudenet"
-    device: str = "cpu"
+    backend: Literal["nudenet", "hf", "custom", "off"] = Field("nudenet", description="the image classifier; "
+                                                               "hf: a Hub image classifier; off: none")
+    device: str = Field("cpu", description="where the hf classifier runs: cpu, cuda, cuda:N or auto")
     nudenet: NudeNetConfig = NudeNetConfig()
     hf: HFClassifierConfig = HFClassifierConfig()
     custom: CustomConfig | None = None
@@ -137,7 +147,7 @@ class ImageCheckConfig(Section):
 class QualityCheckConfig(Section):
     """Catches solid-colour and NaN-derived outputs, the signs of a corrupted device context."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: corrupt outputs are not caught")
     # Largest per-channel standard deviation (0-255 scale) below which an image is "solid".
     min_std: float = Field(2.0, ge=0.0)
     # This many corrupt outputs in a row and the worker exits for its supervisor to restart it.

@@ -28,7 +28,7 @@ HEAD = """\
 # Configuration
 
 <!-- Written by `make docs` (tools/config_doc.py) from worker/config/schema.py, safety/config.py and
-scheduler/config/schema.py; tests/tools/test_config_doc.py fails when it differs. Edit those. -->
+scheduler/config/schema.py; tests/test_docs.py fails when it differs. Edit those. -->
 
 The worker and the scheduler each read one TOML file, loaded into one typed tree. Each component
 receives only its own section. An unknown key or a wrong type stops the start with exit code 2 and
@@ -104,7 +104,8 @@ def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
 
 
 def _row(name: str, field: FieldInfo, note: str) -> str:
-    what = " ".join(p for p in (field.description or "", note) if p)
+    said = field.description or ""
+    what = f"{said.rstrip('.')}. {note}" if said and note else said or note
     what = what[0].upper() + what[1:] if what else ""
     return f"| `{name}` | {_type(field.annotation)}{_bounds(field)} | {_default(field)} | {_cell(what)} |\n"
 
@@ -188,8 +189,9 @@ def _comments(model: type[BaseModel]) -> dict[str, str]:
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             by_line[tok.start[0]] = tok.string.lstrip("#").strip()
-    body = ast.parse(source).body[0].body
-    out, previous_end = {}, body[0].lineno - 1 if body else 0
+    cls = ast.parse(source).body[0]
+    body = cls.body
+    out, previous_end = {}, cls.lineno  # the class line: a comment above its first field is that field's
     for stmt in body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             above = []

@@ -25,7 +25,8 @@ class Section(BaseModel):
 
 
 class ServerConfig(Section):
-    host: str = Field("127.0.0.1", min_length=1)
+    host: str = Field("127.0.0.1", min_length=1, description="address the HTTP API listens on; off loopback, "
+                      "tokens are required")
     port: int = Field(8700, ge=0, le=65535, description="0: any free port")
     # The event loop serves every request. One that has not turned for this long waits for something
     # that will not come: every thread's stack is logged and the process exits (EXIT_STUCK) for its
@@ -153,7 +154,8 @@ class ModelsConfig(Section):
 
 
 class LoggingConfig(Section):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="the least "
+                                                                            "severe level logged (any case)")
     # One JSON object per line (for log shippers), or readable text; auto: text on a terminal.
     format: Literal["auto", "json", "text"] = "auto"
 

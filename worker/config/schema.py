@@ -14,10 +14,11 @@ from pydantic import Field, model_validator
 from safety.config import SafetyConfig, Section
 
 class QueueConfig(Section):
-    url: str = "http://127.0.0.1:8700"
+    url: str = Field("http://127.0.0.1:8700", description="the scheduler's base URL")
     # Name of the environment variable holding the bearer token; read at start, never stored here.
     token_env: str = "DIT_WORKER_TOKEN"
-    timeout_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0, description="seconds per HTTP call to the scheduler (a lease call: plus "
+                             "its long-poll wait)")
     lease_wait_s: float = Field(10.0, ge=0, le=60, description="long-poll wait per lease call")
     # The most one lease call asks for.
     max_tasks: int = Field(8, ge=1, le=256)
@@ -25,27 +26,35 @@ class QueueConfig(Section):
     # batches that balance them, few enough not to hoard what other workers could run.
     # 0: auto, two rounds (2 x batch.max_size x ranks in data mode). At least one round.
     lease_ahead: int = Field(0, ge=0, le=1024, description="tasks held ahead of generation; 0: auto")
-    heartbeat_interval_s: float = Field(30.0, gt=0)
+    heartbeat_interval_s: float = Field(30.0, gt=0, description="seconds between heartbeats, which renew the "
+                                        "leases of the tasks held")
     # How long a result report keeps retrying before the lease expiry takes over.
     report_deadline_s: float = Field(45.0, gt=0)
     idle_backoff_max_s: float = Field(10.0, gt=0, description="cap on waits while the queue is down")
 
 
 class DistributedConfig(Section):
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="torch.distributed backend; auto: NCCL on "
+                                                     "CUDA, gloo on CPU")
     # Loading 30 GB of weights and compiling can take many minutes; serving collectives cannot.
     load_timeout_s: float = Field(1800.0, gt=0)
-    serve_timeout_s: float = Field(120.0, gt=0)
+    serve_timeout_s: float = Field(120.0, gt=0, description="seconds a collective may take once serving "
+                                   "(after loading and warm-up)")
 
 
 class ModelConfig(Section):
-    name: str = "flux.1-schnell"
+    name: str = Field("flux.1-schnell", description="the model's id, as tasks and the scheduler's models.ids "
+                      "name it")
     source: str = Field("black-forest-labs/FLUX.1-schnell", description="Hub id or local directory")
-    revision: str | None = None
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    device: Literal["auto", "cuda", "cpu"] = "auto"
-    guidance_scale: float = 0.0
-    max_sequence_length: int = Field(256, ge=1, le=512)
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) of `source`; unset: "
+                                 "the default branch")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="torch dtype the "
+                                                              "pipeline's weights are loaded in")
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="auto: CUDA when visible, else the CPU "
+                                                   "for a float32 model only")
+    guidance_scale: float = Field(0.0, description="guidance scale passed to the pipeline (FLUX.1-schnell: 0)")
+    max_sequence_length: int = Field(256, ge=1, le=512, description="T5 tokens a prompt is encoded to; the "
+                                     "rest is cut off")
     # Benchmarks only: build this architecture with random weights instead of loading `source`.
     # Speed does not depend on the values; the images are noise.
     random_arch: Literal["none", "tiny", "tiny-pixart", "flux.1-schnell"] = "none"
@@ -68,14 +77,14 @@ class SwapConfig(Section):
 class LimitsConfig(Section):
     """What a request may ask for; validation refuses anything outside it."""
 
-    max_prompt_chars: int = Field(2000, ge=1)
-    min_side: int = Field(256, ge=16)
-    max_side: int = Field(2048, ge=16)
-    max_pixels: int = Field(2048 * 2048, ge=256)
-    default_width: int = 1360
-    default_height: int = 768
-    default_steps: int = Field(4, ge=1)
-    max_steps: int = Field(8, ge=1)
+    max_prompt_chars: int = Field(2000, ge=1, description="longest prompt accepted, in characters")
+    min_side: int = Field(256, ge=16, description="smallest width or height, in pixels (a multiple of 16)")
+    max_side: int = Field(2048, ge=16, description="largest width or height, in pixels (a multiple of 16)")
+    max_pixels: int = Field(2048 * 2048, ge=256, description="largest width x height, in pixels")
+    default_width: int = Field(1360, description="width of a task that gives none, in pixels")
+    default_height: int = Field(768, description="height of a task that gives none, in pixels")
+    default_steps: int = Field(4, ge=1, description="denoising steps of a task that gives none")
+    max_steps: int = Field(8, ge=1, description="most denoising steps a task may ask for")
     # The first is the default; a task may ask for any other listed here. JPEG first: on a
     # photograph at 1360x768 it encodes in about 4 ms on one core, WebP in 29 (method 0), PNG in 78
     # at its fastest level (make bench-post); JPEG is also the default of hosted FLUX APIs.
@@ -100,16 +109,16 @@ class EncodeConfig(Section):
     level 1 is 4.6x faster than level 6 for about 15% more bytes; WebP method 0 3x faster than 4
     for about 10% more."""
 
-    png_compress_level: int = Field(1, ge=0, le=9)
-    jpeg_quality: int = Field(95, ge=1, le=100)
-    webp_quality: int = Field(90, ge=1, le=100)
+    png_compress_level: int = Field(1, ge=0, le=9, description="zlib level: 0 none, 1 fastest .. 9 smallest")
+    jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality, 1 worst .. 100 best")
+    webp_quality: int = Field(90, ge=1, le=100, description="WebP quality, 1 worst .. 100 best")
     webp_method: int = Field(0, ge=0, le=6, description="0 fast .. 6 small")
 
 
 class WarmupConfig(Section):
     # (width, height) pairs generated once before the worker reports ready.
     sizes: tuple[tuple[int, int], ...] = ((1360, 768),)
-    prompt: str = "a lighthouse on a cliff at dawn"
+    prompt: str = Field("a lighthouse on a cliff at dawn", description="the prompt the warm-up generates")
 
 
 class BatchConfig(Section):
@@ -125,7 +134,8 @@ class ParallelConfig(Section):
     context: all ranks generate the same images together (diffusers context parallelism), for the
     lowest latency per image."""
 
-    mode: Literal["data", "context"] = "data"
+    mode: Literal["data", "context"] = Field("data", description="data: each rank its own tasks; context: all "
+                                             "ranks on the same images")
     # context mode: Ulysses (all-to-all of heads) or Ring (needs an attention backend returning LSE).
     context_kind: Literal["ulysses", "ring"] = "ulysses"
 
@@ -139,7 +149,8 @@ class SpeedConfig(Section):
     # T5-XXL and CLIP see one fixed shape (max_sequence_length and 77 tokens, one prompt a call), so
     # one compile each; eager they are bound by kernel launches, not by the GPU.
     compile_text: bool = Field(False, description="torch.compile the text encoders (T5, CLIP)")
-    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = "default"
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"] = Field(
+        "default", description="torch.compile mode of every compile the speed.compile* switches ask for")
     # model: the whole transformer, one graph. blocks: each repeated block (diffusers
     # compile_repeated_blocks): the 57 blocks share the compile of their two kinds, so far less
     # compile time; the embedders and the final layers run eager.
@@ -148,7 +159,7 @@ class SpeedConfig(Section):
     # skips most of the compile. "": torch's default (a per-user temporary folder).
     compile_cache_dir: str = ""
     fuse_qkv: bool = Field(False, description="fused QKV projections in the transformer")
-    channels_last_vae: bool = False
+    channels_last_vae: bool = Field(False, description="VAE in channels_last memory format")
     # diffusers attention backend name (e.g. native, flash, _native_cudnn, sage); "" keeps the default.
     attention_backend: str = ""
     fp8: bool = Field(False, description="torchao fp8 dynamic activation+weight on the layers that gain")
@@ -160,7 +171,8 @@ class SpeedConfig(Section):
 
 
 class LocalStorageConfig(Section):
-    root: str = "outputs"
+    root: str = Field("outputs", description="folder the images are written to, one file per task; relative: "
+                      "to the working directory")
 
 
 NAME_FIELDS = ("prefix", "yyyy", "mm", "dd", "task_id", "ext", "model")
@@ -170,19 +182,23 @@ class GCSConfig(Section):
     """Google Cloud Storage. Credentials: `credentials_file` (a service-account key) or Application
     Default Credentials; STORAGE_EMULATOR_HOST is honoured (no auth against an emulator)."""
 
-    bucket: str = Field(min_length=3, max_length=222)
-    prefix: str = "results"
+    bucket: str = Field(min_length=3, max_length=222, description="the bucket's name")
+    prefix: str = Field("results", description="{prefix} of object_name: the folder results go under")
     # The date is the task's submission date, the same on every attempt: one object per task.
     object_name: str = "{prefix}/{yyyy}/{mm}/{dd}/{task_id}.{ext}"
-    project: str | None = None
-    credentials_file: str | None = None
-    cache_control: str | None = "private, max-age=31536000, immutable"
+    project: str | None = Field(None, description="GCP project of the client; unset: inferred from the "
+                                "credentials or environment")
+    credentials_file: str | None = Field(None, description="a service-account key (JSON); unset: Application "
+                                         "Default Credentials")
+    cache_control: str | None = Field("private, max-age=31536000, immutable", description="Cache-Control of "
+                                      "each object; unset: none")
     include_prompt: bool = Field(False, description="store the prompt itself in the object's metadata")
     signed_url_ttl_s: int = Field(0, ge=0, le=7 * 24 * 3600, description="0: no signed URL")
     timeout_s: float = Field(30.0, gt=0, description="per HTTP request")
     deadline_s: float = Field(60.0, gt=0, description="all retries of one upload; then storage_unavailable")
-    backoff_initial_s: float = Field(0.5, gt=0)
-    backoff_max_s: float = Field(8.0, gt=0)
+    backoff_initial_s: float = Field(0.5, gt=0, description="longest wait before the first retry, in seconds; "
+                                     "doubles per retry (full jitter)")
+    backoff_max_s: float = Field(8.0, gt=0, description="cap on the wait between two retries, in seconds")
 
     @model_validator(mode="after")
     def _name_template(self) -> "GCSConfig":
@@ -196,7 +212,7 @@ class GCSConfig(Section):
 
 
 class StoreTarget(Section):
-    kind: Literal["local", "gcs"] = "local"
+    kind: Literal["local", "gcs"] = Field("local", description="local: a folder ([local]); gcs: a bucket ([gcs])")
     local: LocalStorageConfig = LocalStorageConfig()
     gcs: GCSConfig | None = None
 
@@ -239,7 +255,7 @@ class DeadlinesConfig(Section):
     admit_s: float = Field(30.0, gt=0, description="validation, text check, processing report")
     generate_s: float = Field(120.0, gt=0, description="one round, broadcast to gather")
     check_s: float = Field(30.0, gt=0, description="quality and image check of one image")
-    encode_s: float = Field(30.0, gt=0)
+    encode_s: float = Field(30.0, gt=0, description="encoding one image into its output format")
     store_s: float = Field(90.0, gt=0, description="one upload with its retries")
     # From the end of the post stage to the final report, with the wait for earlier tasks (results
     # are reported in lease order) and the report's own retries (queue.report_deadline_s).
@@ -259,7 +275,8 @@ class DeadlinesConfig(Section):
 
 
 class LoggingConfig(Section):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="the least severe "
+                                                               "level logged")
     # One JSON object per line (for log shippers), or readable text; auto: text on a terminal.
     format: Literal["auto", "json", "text"] = "auto"
 
@@ -268,8 +285,8 @@ class OpsConfig(Section):
     """Rank 0's HTTP endpoint for operators: /metrics (Prometheus), /livez, /readyz. The address
     goes to the scheduler at registration, so its status page and Prometheus can find every worker."""
 
-    enabled: bool = True
-    host: str = "0.0.0.0"
+    enabled: bool = Field(True, description="serve /metrics, /livez and /readyz on rank 0")
+    host: str = Field("0.0.0.0", description="address the endpoint listens on; 0.0.0.0: every interface")
     # 0: any free port (logged and registered). Give each worker on one host its own.
     port: int = Field(9400, ge=0, le=65535)
     gpu_metrics: bool = Field(True, description="temperature, power, clocks, utilisation via NVML where present")
