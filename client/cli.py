@@ -256,17 +256,17 @@ def list_tasks(dit: Client, args) -> int:
     return Exit.OK
 
 
-LIST_HEADER = ("ID", "STATUS", "CREATED (UTC)", "SIZE", "PROMPT")
+LIST_HEADER = ("ID", "STATUS", "CREATED (UTC)", "SIZE", "MODEL", "PROMPT")
 
 
 def _list_lines(tasks: list[TaskView], width: int | None, header: bool = False) -> list[str]:
-    """Columns id, status, created, size, prompt. With a `width` (a terminal) the prompt is cut to
-    fit; without (piped) it is whole, for grep and awk. Each field but the prompt is one word."""
-    rows = [(t.id, t.status, _when(t.created_at), _size_of(t), _one_line(str(t.input.get("prompt", ""))))
-            for t in tasks]
+    """Columns id, status, created, size, model ("-": the fleet serves one), prompt. With a `width` (a
+    terminal) the prompt is cut to fit; without (piped) it is whole, for grep and awk. Each field but
+    the prompt is one word."""
+    rows = [(t.id, t.status, _when(t.created_at), _size_of(t), t.model or "-", _prompt_of(t)) for t in tasks]
     if header and rows:
         rows.insert(0, LIST_HEADER)
-    widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(len(LIST_HEADER) - 1)]
     lines = []
     for *fixed, prompt in rows:
         head = "  ".join(f.ljust(w) for f, w in zip(fixed, widths)) + "  "
@@ -280,6 +280,10 @@ def _size_of(task: TaskView) -> str:
         return f"{task.result.width}x{task.result.height}"
     w, h = task.input.get("width"), task.input.get("height")
     return f"{w}x{h}" if w and h else "-"
+
+
+def _prompt_of(task: TaskView) -> str:
+    return _one_line(str(task.input.get("prompt", "")))
 
 
 def _one_line(text: str) -> str:
@@ -299,7 +303,9 @@ def status(dit: Client, args) -> int:
         task = dit.wait(args.id, timeout_s=args.wait_s) if args.wait_s > 0 else dit.get(args.id)
     except TaskNotEnded as e:
         task = e.task  # shown as it stands; the exit status says the wait ran out
-    rows = [("id", task.id), ("status", task.status), ("attempts", task.attempts), ("worker_id", task.worker_id)]
+    rows = [("id", task.id), ("status", task.status), ("model", task.model), ("size", _size_of(task)),
+            ("prompt", _prompt_of(task)), ("attempts", f"{task.attempts}/{task.max_attempts}"),
+            ("worker_id", task.worker_id)]
     rows += [(key, _when(getattr(task, key))) for key in ("created_at", "started_at", "finished_at", "expires_at")]
     if task.result:
         rows.append(("result", task.result.url or task.result.uri))

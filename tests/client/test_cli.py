@@ -77,6 +77,8 @@ def test_submit_status_and_cancel(url):
     assert status.returncode == 0 and "queued" in status.stdout
     lines = dict(line.split(None, 1) for line in status.stdout.splitlines())  # piped: whole lines
     assert lines["id"] == task_id and lines["started_at"] == "-"
+    assert (lines["model"], lines["size"], lines["prompt"], lines["attempts"]) == ("-", "384x256",
+                                                                                   "a lighthouse at dawn", "0/3")
     assert re.fullmatch(ISO, lines["created_at"])
     cancel = dit(url, "cancel", task_id)
     assert cancel.returncode == 0 and f"{task_id} cancelled" in cancel.stdout
@@ -152,10 +154,11 @@ def test_list_shows_one_whole_line_per_task_when_piped_and_json_for_scripts(url)
     out = dit(url, "list", "--status", "queued", "--limit", "1000")
     assert out.returncode == 0, out.stderr
     assert not out.stdout.startswith("ID")  # piped: no header, every line a task
-    rows = {line.split()[0]: line.split(None, 4) for line in out.stdout.splitlines()}
+    rows = {line.split()[0]: line.split(None, 5) for line in out.stdout.splitlines()}
     for i, task_id in enumerate(ids):
-        _, status, created, size, shown = rows[task_id]
-        assert (status, size, shown) == ("queued", "384x256", f"{prompt}{i}") and re.fullmatch(ISO, created)
+        _, status, created, size, model, shown = rows[task_id]
+        assert (status, size, model, shown) == ("queued", "384x256", "-", f"{prompt}{i}")
+        assert re.fullmatch(ISO, created)
     first = dit(url, "list", "--limit", "1").stdout.splitlines()
     second = dit(url, "list", "--limit", "1", "--offset", "1").stdout.splitlines()
     assert len(first) == len(second) == 1 and first != second
@@ -170,8 +173,9 @@ def test_on_a_terminal_list_cuts_the_prompt_to_the_width():
     (whole,) = cli._list_lines([task], None)
     assert "a lighthouse at dawn, waves" in whole and whole.endswith("waves")  # one line, all of it
     header, cut = cli._list_lines([task], 80, header=True)
-    assert header.split() == ["ID", "STATUS", "CREATED", "(UTC)", "SIZE", "PROMPT"]
-    assert len(cut) == 80 and cut.endswith("…") and cut[:-1] == whole[:79]
+    assert header.split() == ["ID", "STATUS", "CREATED", "(UTC)", "SIZE", "MODEL", "PROMPT"]
+    assert len(cut) == 80 and cut.endswith("…") and cut.index("a lighthouse") == header.index("PROMPT")
+    assert " ".join(cut[:-1].split()) in " ".join(whole.split())  # the same columns, the prompt cut
 
 
 def test_download_by_id_writes_the_image_or_says_why_not(url, tmp_path):
