@@ -56,6 +56,7 @@ def test_the_page_lists_workers_results_and_failures_escaped(make_store, tmp_pat
         assert f'src="/status/thumbs/{ok}.png"' in html
         assert 'src="https://storage.googleapis.com/b/x.png?X-Goog-Signature=1"' in html and signed
         assert "unsafe_image" in html and "&lt;nudity&gt;" in html and "<nudity>" not in html
+        assert "1 (not retried)" in html  # a refusal no retry can cure does not read "1/3"
         assert "<script>lighthouse" not in html  # prompts are escaped
         assert "http://" not in html.replace(f"http://{REG['hostname']}", "")  # nothing loaded from elsewhere
         thumb = http.get(f"/status/thumbs/{ok}.png")
