@@ -73,6 +73,9 @@ bench-mixed: install models/tiny-flux/model_index.json
 models/tiny-flux/model_index.json:
 	$(PY) -m worker make-tiny-model models/tiny-flux
 
+models/tiny-pixart/model_index.json:
+	$(PY) -m worker make-tiny-model --arch tiny-pixart models/tiny-pixart
+
 # The prompt check's recall per category and false refusals on the labelled set (POLICY_EVAL_ARGS:
 # `--set FILE` for another set, `--misses`), then the milliseconds each check adds per prompt / image.
 bench-safety: install
@@ -118,14 +121,15 @@ wheelhouse: install
 	$(PY) -m tools.wheelhouse --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
 # --results-root: the status page may show thumbnails of what `make node` stores (configs/tiny.toml).
+# SCHEDULER_ARGS: more settings, e.g. SCHEDULER_ARGS="--config configs/scheduler-tiny-models.toml".
 scheduler: install
-	$(PY) -m scheduler --results-root outputs
+	exec $(PY) -m scheduler --results-root outputs $(SCHEDULER_ARGS)
 
 # A node against `make scheduler` on this machine: the tiny model on CPU, 2 ranks, unless CONFIG
 # and NPROC say otherwise. Ctrl-C drains it.
 # exec: make's own SIGTERM reaches node.sh, which drains, and make waits for it (it then exits 143,
 # and 130 after a Ctrl-C, as make does on a signal whatever its recipe does).
-node: install models/tiny-flux/model_index.json
+node: install models/tiny-flux/model_index.json $(if $(findstring tiny-models,$(CONFIG)),models/tiny-pixart/model_index.json)
 	exec env PATH="$(abspath $(VENV))/bin:$$PATH" CONFIG="$(or $(CONFIG),configs/tiny.toml)" NPROC="$(or $(NPROC),2)" \
 	  launch/node.sh
 

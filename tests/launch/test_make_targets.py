@@ -22,7 +22,7 @@ def test_make_scheduler_lets_the_status_page_show_what_make_node_stores():
     dry = subprocess.run(["make", "-n", "-o", "install", "scheduler"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     root = tomllib.loads((REPO / "configs" / "tiny.toml").read_text())["storage"]["local"]["root"]
-    assert f"-m scheduler --results-root {root}" in dry
+    assert f"exec .venv/bin/python -m scheduler --results-root {root}" in dry  # exec: make waits for its stop
 
 
 def test_a_stop_signal_to_make_node_waits_for_the_node_to_drain(tmp_path):
@@ -44,3 +44,18 @@ def test_a_stop_signal_to_make_node_waits_for_the_node_to_drain(tmp_path):
             make.kill()
     assert (tmp_path / "drained").exists(), "make returned before the node had drained"
     assert code == -signal.SIGTERM  # make ends by the signal it got (143 in a shell), whatever node.sh returned
+
+
+def test_the_two_model_recipe_names_the_same_models_on_both_sides():
+    """README's two models locally: the worker's [model] and [models.<id>] are the scheduler's ids."""
+    from scheduler.config import load_config as scheduler_config
+    from worker.config.loader import load_config as worker_config
+
+    worker = worker_config(REPO / "configs" / "tiny-models.toml")
+    fleet = scheduler_config(REPO / "configs" / "scheduler-tiny-models.toml", environ={})
+    assert list(worker.catalog) == list(fleet.models.ids) == ["tiny-flux", "tiny-pixart"]
+    assert worker.models["tiny-pixart"].source == "models/tiny-pixart"
+    # -B: as on a fresh clone, where neither model is built yet; make node builds the second one too.
+    dry = subprocess.run(["make", "-n", "-B", "-o", "install", "-o", ".venv/.installed", "node",
+                          "CONFIG=configs/tiny-models.toml"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "make-tiny-model --arch tiny-pixart models/tiny-pixart" in dry
