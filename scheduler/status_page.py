@@ -73,6 +73,7 @@ class Page:
     now: float
     figures: QueueFigures
     workers: list[WorkerView]
+    superseded: int  # ended registrations of workers that registered again since (not listed)
     chart: Chart
     results: list[TaskView]
     failures: list[TaskView]
@@ -80,11 +81,27 @@ class Page:
 
 def gather(store: Store) -> Page:
     """Everything the page shows, read from the database (call it off the event loop)."""
-    workers = [w for w in store.workers.workers() if w.status not in ("replaced",)]
-    return Page(now=time.time(), figures=store.tasks.figures(), workers=workers,
+    workers, superseded = current(store.workers.workers())
+    return Page(now=time.time(), figures=store.tasks.figures(), workers=workers, superseded=superseded,
                 chart=build_chart(store.tasks.history(HOUR_S, BUCKET_S)),
                 results=store.tasks.recent("succeeded", HOUR_S, RECENT),
                 failures=store.tasks.recent("failed", HOUR_S, 20))
+
+
+ENDED = ("drained", "lost", "replaced")
+
+
+def current(workers: list[WorkerView]) -> tuple[list[WorkerView], int]:
+    """The registrations worth a row, and how many were left out: a replaced one never (its node's
+    new one is listed), and a drained or lost one only until the same worker (its host and ops
+    address) registers again, so a node restarted five times is one row, not six."""
+    newest: dict[tuple, float] = {}
+    for w in workers:
+        key = (w.hostname, w.ops_url)
+        newest[key] = max(newest.get(key, 0.0), w.registered_at)
+    shown = [w for w in workers if w.status not in ENDED
+             or (w.status != "replaced" and w.registered_at >= newest[(w.hostname, w.ops_url)])]
+    return shown, sum(1 for w in workers if w.status in ("drained", "lost")) - sum(1 for w in shown if w.status in ENDED)
 
 
 # A worker's status colour: ready green, lost red, a registration closed on purpose (drained,

@@ -93,6 +93,25 @@ def test_a_drained_worker_is_shown_neutrally_and_a_lost_one_red(make_store, cloc
         assert '<td class="bad">lost</td>' in rows[crashed]
 
 
+def test_a_node_restarted_again_and_again_is_one_row_not_one_per_registration(make_store, clock):
+    store = make_store()
+    with TestClient(create_app(store, ApiConfig(status_cache_s=0, sweep_interval_s=3600))) as http:
+        other = http.post("/v1/workers", json={**REG, "hostname": "other-host"}).json()["worker_id"]
+        http.post(f"/v1/workers/{other}/heartbeat", json={"status": "drained", "timestamp": 0})
+        ids = []
+        for _ in range(5):  # drained by Ctrl-C, started again: a new registration each time
+            clock.now += 1
+            ids.append(http.post("/v1/workers", json=REG).json()["worker_id"])
+            http.post(f"/v1/workers/{ids[-1]}/heartbeat", json={"status": "drained", "timestamp": 0})
+        clock.now += 1
+        live = http.post("/v1/workers", json=REG).json()["worker_id"]
+        html = http.get("/status").text
+        rows = html.split('<tr class="worker">')[1:]
+        assert len(rows) == 2 and live in rows[0] + rows[1] and other in rows[0] + rows[1]  # the host that left stays
+        assert not any(i in html for i in ids)
+        assert "5 earlier registration(s) of these workers" in html
+
+
 def test_in_flight_is_shown_against_the_most_the_worker_may_hold(make_store):
     with TestClient(create_app(make_store(), ApiConfig(status_cache_s=0))) as http:
         wid = http.post("/v1/workers", json=REG).json()["worker_id"]
