@@ -1,7 +1,7 @@
 """`make bench-calls`: what each of the calls a task costs (submit, lease, `processing`, `succeeded`,
 and a heartbeat) takes of the scheduler's CPU, one call at a time, so the figure is the call's own
 and not its share of a group commit under load. A scheduler process saturated by a fleet of
-single-GPU workers is bound by this sum (README, "The queue for a fleet").
+single-GPU workers is bound by this sum (docs/queue.md).
 
     python -m tools.call_cost [--calls 200] [--blocks 20] [--store postgres] [--durable]
                               [--set k=v] [--against-set api.hot_path=false | --against-tree ../other]

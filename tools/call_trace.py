@@ -1,6 +1,6 @@
 """Which calls cross a module boundary while rank 0 serves tasks: how many modules take part in a
 task's path (lease -> admit -> broadcast -> generate -> check -> store -> report) and how often they
-call each other. A measure of coupling for refactors (issue 26), taken from a real run, not the source.
+call each other. A measure of coupling for refactors, taken from a real run, not the source.
 
     python -m tools.call_trace [--tasks 8] [--out var/call_trace.json]
 

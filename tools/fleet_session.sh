@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The queue's figures on a lent machine's CPUs (README, "The queue for a fleet": the rows that need
-# cores to spare), each run under its own time limit so that a call to the device never outlives its
+# The queue's figures on a lent machine's CPUs (docs/queue.md#not-yet-measured: the rows
+# that need cores to spare), each run under its own time limit so that a call to the device never outlives its
 # 10 minutes, its JSON and printed figures in $OUT as each run (fleet_bench: each row) ends.
 #
 # Here, first: the wheels the image lacks into .whl/ (ignored; tools/gpu_session.sh says how), with

@@ -3,7 +3,7 @@ of FastAPI when they take the happy path's shape: a JSON body that validates and
 check admits. Each runs the route's own function (the same admission, store calls, metrics and
 answer bytes); this path only skips FastAPI's per-request machinery (dependency solving, request
 parsing, routing through every route), about half of such a call's CPU, which bounds what one
-scheduler process serves (README, "The queue for a fleet").
+scheduler process serves (docs/queue.md).
 
 Whatever else comes (another route, another content type, a body that does not parse or validate,
 a token not admitted) goes on to FastAPI untouched, the body replayed, so every refusal is FastAPI's

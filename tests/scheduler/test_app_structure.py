@@ -18,8 +18,8 @@ from scheduler.store import Cancelled, Conflict, NotFound
 SCHEDULER = REPO / "scheduler"
 ROUTES = ["tasks.py", "workers.py", "reports.py", "ops.py", "status.py"]
 
-# (path, methods, tags) of every documented route, as the app had them before the split (issue 26),
-# and those added since (/v1/models, issue 29).
+# (path, methods, tags) of every documented route, as the app had them before its routes were split by resource,
+# and those added since (/v1/models).
 BEFORE = [
     ("/v1/tasks", ["post", "get"], "clients"),
     ("/v1/tasks/batch", ["post"], "clients"),

@@ -1,5 +1,5 @@
-"""Which ready tasks the next round takes, and which rank makes each: the round policy (README,
-"Rounds").
+"""Which ready tasks the next round takes, and which rank makes each: the round policy
+(docs/benchmarks.md#keeping-the-gpu-busy).
 
 A round is one batch per slot. A slot is one rank in data mode (each rank generates its own batch,
 so ranks may make different sizes in one round) and the whole group in context mode (one slot,

@@ -1,7 +1,7 @@
-"""The figures the README states, on the project's labelled sets (tests/safety/data/*.jsonl):
+"""The figures docs/safety.md states, on the project's labelled sets (tests/safety/data/*.jsonl):
 recall >= 0.95 on every unsafe category, 1.0 on sexual content with minors, benign passed >= 0.97.
 prompts.jsonl is the set the lists were written against; heldout-1 and heldout-2 were written
-apart from the lists and measured before any change (README, "Content safety"), then kept here as
+apart from the lists and measured before any change (docs/safety.md#measured-figures), then kept here as
 regression sets. Timing is `make bench-safety`'s, not a test's."""
 
 from __future__ import annotations
