@@ -72,7 +72,12 @@ SPOKEN_OF = ["README.md", "docs", "worker", "scheduler", "safety", "client", "pr
              "tests"]
 
 
-def test_the_project_speaks_of_itself_not_of_its_issues():
-    found = subprocess.run(["git", "grep", "-n", "-i", "-I", "-E", r"the issue|issue [0-9]+", "--", *SPOKEN_OF,
-                            ":!tests/test_docs.py"], cwd=REPO, capture_output=True, text=True).stdout
+# Spelled in two pieces so that this file does not match itself (a plain `grep -r` finds nothing either).
+TRACKER = "iss" + "ue"
+SPOKEN = rf"the {TRACKER}|{TRACKER} [0-9]+"
+
+
+def test_the_project_speaks_of_itself_not_of_its_tracker():
+    found = subprocess.run(["git", "grep", "-n", "-i", "-I", "-E", SPOKEN, "--", *SPOKEN_OF], cwd=REPO,
+                           capture_output=True, text=True).stdout
     assert found == ""
