@@ -355,7 +355,8 @@ def _dashboard(dit: Client) -> Table:
     ended = q.ended_last_s.get("60", {})
     grid.add_row(f"[bold]queued[/] {q.queued} ({depth or 'empty'})", f"[bold]oldest[/] {oldest}",
                  f"[bold]running[/] {q.running}",
-                 f"[bold]last minute[/] [green]{ended.get('succeeded', 0)}[/] / [red]{ended.get('failed', 0)}[/]")
+                 f"[bold]last minute[/] [green]{ended.get('succeeded', 0)} succeeded[/], "
+                 f"[red]{ended.get('failed', 0)} failed[/]")
     workers = Table(title="workers", expand=False)
     for col in ("worker", "host", "status", "devices", "in flight", "images", "heartbeat"):
         workers.add_column(col)

@@ -139,6 +139,7 @@ def test_watch_shows_the_queue_and_the_workers(url):
     out = dit(url, "watch", "--count", "1", "--interval", "0.1")
     assert out.returncode == 0, out.stderr
     assert "queued" in out.stdout and "p3: 1" in out.stdout and "workers" in out.stdout
+    assert re.search(r"last minute \d+ succeeded, \d+ failed", out.stdout)  # labelled, not "17 / 7"
 
 
 def test_every_exit_status_is_in_the_help():
