@@ -3,8 +3,12 @@
 Each step undoes one way of writing a word so that a keyword list misses it:
 
     mojibake and compatibility forms  ftfy, Unicode NFKC          ｎｕｄｅ, ð§ -> nude, §
-    invisible and combining marks     regex \\p{Cf} \\p{Cc} \\p{M}   nu\\u200bde, n̶u̶d̶e̶
-    look-alike letters                Unicode's confusables table  Cyrillic е, Greek ν
+    invisible marks                   regex \\p{Cf} \\p{Cc}         nu\\u200bde
+    combining marks on Latin letters  regex \\p{M} after \\p{Latin}  n̶u̶d̶e̶ (other scripts keep theirs:
+                                                                   Devanagari vowels, kana voicing)
+    look-alike letters in a word      Unicode's confusables table  nudе with a Cyrillic е, Greek ν
+      that has Latin letters                                       (a Russian word stays Russian)
+    ideographs, kana, hangul          one word per character       裸体 -> 裸 体 (no spaces to split on)
     other scripts and accents         anyascii (transliteration)   décapité -> decapite, ß -> ss
     case                              str.lower
     leetspeak                         the lists' own table          n4k3d, p0rn, $ex
@@ -25,7 +29,13 @@ import ftfy
 import regex
 from anyascii import anyascii
 
-_INVISIBLE = regex.compile(r"[\p{Cf}\p{Cc}\p{M}]")
+_INVISIBLE = regex.compile(r"[\p{Cf}\p{Cc}]")
+_LATIN_MARKS = regex.compile(r"(?<=[\p{Latin}\p{Common}]\p{M}*)\p{M}+")  # zalgo, strike-through on Latin text
+# A word written with letters of more than one script: Latin letters with look-alikes among them.
+_MIXED_WORD = regex.compile(r"\w*[a-zA-Z]\w*[^\W\p{Latin}\d_]\w*|\w*[^\W\p{Latin}\d_]\w*[a-zA-Z]\w*")
+# Scripts written without spaces between words: each character is a word of its own (the comma is a
+# word break that the spaced-letters rule below does not join across).
+_EACH_CHAR = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]")
 # Words, with `*` kept inside one where it stands for a hidden letter (p*rn); the matcher resolves it.
 _WORD = regex.compile(r"[a-z0-9]+(?:\*+[a-z0-9]+)*")
 # A token that mixes letters with digits or symbols that stand for letters: the candidates for
@@ -40,11 +50,21 @@ _QUANTITY = regex.compile(r"\d+(?:[a-z]{1,2}|mm|px|fps|yrs?)?")
 _RUNS = regex.compile(r"([a-z])\1+")
 
 
-def to_ascii(text: str) -> str:
-    """Steps up to and including case: the form age patterns and list entries are compared in."""
+def native(text: str) -> str:
+    """The text repaired and stripped of what hides letters, still in its own script: the form words
+    are lemmatised in."""
     text = ftfy.fix_text(text, normalization="NFKC")
-    text = _INVISIBLE.sub("", unicodedata.normalize("NFKD", text))
-    text = text.translate(_confusables())
+    text = _LATIN_MARKS.sub("", unicodedata.normalize("NFKD", _INVISIBLE.sub("", text)))
+    return unicodedata.normalize("NFC", text)
+
+
+def to_ascii(text: str, prepared: bool = False) -> str:
+    """Steps up to and including case: the form age patterns and list entries are compared in."""
+    if not prepared:
+        text = native(text)
+    table = _confusables()
+    text = _MIXED_WORD.sub(lambda m: m.group(0).translate(table), text)
+    text = _EACH_CHAR.sub(lambda m: f",{m.group(0)},", text)
     return anyascii(text).lower()
 
 
