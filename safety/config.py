@@ -71,6 +71,32 @@ class ProfanityConfig(Section):
                              "refused")
 
 
+# Llama Guard 3's hazard categories (MLCommons taxonomy) onto the policy's; the rest refuse as "other".
+GUARD_MODEL_CATEGORIES = {
+    "S1": "violence",  # violent crimes
+    "S3": "sexual",  # sex-related crimes
+    "S4": "sexual_minors",  # child sexual exploitation
+    "S10": "hate",
+    "S11": "self_harm",  # suicide and self-harm
+    "S12": "sexual",  # sexual content
+}
+
+
+class GuardModelConfig(Section):
+    model: str = Field("meta-llama/Llama-Guard-3-1B", description="Hub id or local directory of a Llama "
+                       "Guard 3 style model (gated on the Hub: download once, then a directory)")
+    revision: str | None = Field(None, description="Hub revision of `model`; unset: the default branch")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="torch dtype it is "
+                                                              "loaded in")
+    threshold: float = Field(0.5, ge=0.0, le=1.0, description="probability of \"unsafe\" as the first "
+                             "answer token at which a prompt is refused")
+    categories: dict[str, str] = Field(default_factory=lambda: dict(GUARD_MODEL_CATEGORIES),
+                                       description="the model's category codes onto the policy's categories "
+                                       "(a refusal names the category; unnamed codes refuse as \"other\")")
+    answer_tokens: int = Field(10, ge=2, le=64, description="tokens generated for a refused prompt's "
+                               "category codes")
+
+
 class PolicyCategoryConfig(Section):
     enabled: bool = Field(True, description="false: this category never refuses (not allowed for the "
                           "always-on ones)")
@@ -98,8 +124,9 @@ class PolicyConfig(Section):
 class TextCheckConfig(Section):
     # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise alt-profanity-check
     # (its model ships in its wheel), with the choice logged at start.
-    backend: Literal["detoxify", "profanity", "auto", "custom", "off"] = Field(
-        "detoxify", description="the prompt classifier run after the policy lists; off: the lists alone")
+    backend: Literal["detoxify", "profanity", "guard-model", "auto", "custom", "off"] = Field(
+        "detoxify", description="the prompt classifier run after the policy lists; guard-model: a Llama "
+        "Guard style model; off: the lists alone")
     # auto: rank 0's GPU where there is one (a batch of 16 prompts in milliseconds, against about
     # 35 ms per prompt on two CPU cores for BERT-base), else the CPU; the memory it takes is logged.
     device: str = "auto"
@@ -108,6 +135,7 @@ class TextCheckConfig(Section):
     batch_size: int = Field(16, ge=1, le=256)
     detoxify: DetoxifyConfig = DetoxifyConfig()
     profanity: ProfanityConfig = ProfanityConfig()
+    guard_model: GuardModelConfig = GuardModelConfig()
     custom: CustomConfig | None = None
     policy: PolicyConfig = PolicyConfig()
 

@@ -1,7 +1,8 @@
 """The prompt check, run on rank 0 before any GPU work.
 
-Backends: detoxify (the production choice: per-category thresholds, loadable fully offline) and
-alt-profanity-check (ships its model in its wheel: the offline default of the demo).
+Backends: detoxify (per-category thresholds, loadable fully offline), a guard model of the Llama
+Guard kind (safety/guard_model.py: the policy's categories, several languages; needs its weights)
+and alt-profanity-check (ships its model in its wheel: the offline default of the demo).
 Each takes a batch of prompts and returns one Verdict per prompt.
 """
 
@@ -80,6 +81,10 @@ def build_text_check(cfg: TextCheckConfig):
         return DetoxifyCheck(cfg.detoxify, resolve_device(cfg.device))
     if backend == "profanity":
         return ProfanityCheck(cfg.profanity)
+    if backend == "guard-model":
+        from safety.guard_model import GuardModelCheck  # transformers, only when configured
+
+        return GuardModelCheck(cfg.guard_model, resolve_device(cfg.device))
     return build_custom(cfg.custom, "safety.text")
 
 
