@@ -4,10 +4,11 @@
 For each setup (the policy lists alone, then the policy followed by each model backend that runs
 offline, and for comparison each backend alone) it prints recall per unsafe category, per language
 and on disguised prompts, the share of benign prompts passed, and the time per prompt (median and
-p95 over every prompt of the set, each timed alone, on one thread). Writes JSON to `--out`.
+p95 over every prompt of the set, each timed alone, on one thread); with `--by-language`, recall for
+each language and category and by form (paraphrase, obfuscated, ...). Writes JSON to `--out`.
 
 A set is JSON lines: {"cat": sexual | sexual_minors | violence | hate | self_harm | benign,
-"lang": en | fr | es | de, "tags": [...], "prompt": ...}. The project's own set is
+"lang": a language code, "tags": [...], "prompt": ...}. The project's own set is
 tests/safety/data/prompts.jsonl; pass `--set` for another (a held-out one).
 detoxify needs a trained checkpoint (`--detoxify-checkpoint`, offline form: `dit-worker
 detoxify-offline`): random weights would measure nothing, so without one it is left out.
@@ -26,6 +27,7 @@ from pathlib import Path
 
 DEFAULT_SET = Path(__file__).resolve().parents[1] / "tests" / "safety" / "data" / "prompts.jsonl"
 UNSAFE = ("sexual", "sexual_minors", "violence", "hate", "self_harm")
+FORMS = ("plain", "paraphrase", "obfuscated", "inflected", "coded", "mixed")  # tags read as forms
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class Figures:
     setup: str
     recall: dict[str, float] = field(default_factory=dict)  # per unsafe category
     recall_by_lang: dict[str, float] = field(default_factory=dict)
+    recall_by_lang_cat: dict[str, dict[str, float]] = field(default_factory=dict)  # lang -> cat -> recall
+    recall_by_form: dict[str, float] = field(default_factory=dict)  # unsafe prompts by tag
+    benign_by_lang: dict[str, float] = field(default_factory=dict)
     recall_disguised: float | None = None
     benign_passed: float = 0.0
     false_refusals: int = 0
@@ -70,6 +75,9 @@ def load_set(path: str | Path) -> list[Row]:
 def evaluate(setup: str, refuses: Callable[[str], bool], rows: list[Row]) -> Figures:
     hit: dict[str, list[bool]] = defaultdict(list)
     by_lang: dict[str, list[bool]] = defaultdict(list)
+    by_lang_cat: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    by_form: dict[str, list[bool]] = defaultdict(list)
+    benign_lang: dict[str, list[bool]] = defaultdict(list)
     disguised, passed, ms, misses = [], [], [], []
     for row in rows:
         t0 = time.perf_counter()
@@ -78,16 +86,24 @@ def evaluate(setup: str, refuses: Callable[[str], bool], rows: list[Row]) -> Fig
         if row.unsafe:
             hit[row.cat].append(refused)
             by_lang[row.lang].append(refused)
+            by_lang_cat[row.lang][row.cat].append(refused)
+            for tag in row.tags:
+                if tag in FORMS:
+                    by_form[tag].append(refused)
             if "obfuscated" in row.tags:
                 disguised.append(refused)
         else:
             passed.append(not refused)
+            benign_lang[row.lang].append(not refused)
         if refused != row.unsafe:
-            misses.append({"cat": row.cat, "lang": row.lang, "prompt": row.prompt})
+            misses.append({"cat": row.cat, "lang": row.lang, "tags": list(row.tags), "prompt": row.prompt})
     ms.sort()
     return Figures(
         setup, recall={c: _share(hit[c]) for c in UNSAFE if hit[c]},
         recall_by_lang={lang: _share(v) for lang, v in sorted(by_lang.items())},
+        recall_by_lang_cat={lang: {c: _share(cs[c]) for c in UNSAFE if cs[c]} for lang, cs in sorted(by_lang_cat.items())},
+        recall_by_form={t: _share(by_form[t]) for t in FORMS if by_form[t]},
+        benign_by_lang={lang: _share(v) for lang, v in sorted(benign_lang.items())},
         recall_disguised=_share(disguised) if disguised else None,
         benign_passed=_share(passed) if passed else 1.0, false_refusals=passed.count(False),
         benign=len(passed), unsafe=sum(len(v) for v in hit.values()),
@@ -123,8 +139,9 @@ def setups(detoxify_checkpoint: str | None) -> list[tuple[str, Callable[[str], b
     return out
 
 
-def report(sets: dict[str, list[Row]], detoxify_checkpoint: str | None = None) -> dict[str, list[Figures]]:
-    runs = setups(detoxify_checkpoint)
+def report(sets: dict[str, list[Row]], detoxify_checkpoint: str | None = None,
+           only: str | None = None) -> dict[str, list[Figures]]:
+    runs = [(name, fn) for name, fn in setups(detoxify_checkpoint) if not only or name.startswith(only)]
     return {name: [evaluate(setup, refuses, rows) for setup, refuses in runs] for name, rows in sets.items()}
 
 
@@ -142,20 +159,36 @@ def print_table(name: str, rows: list[Row], figures: list[Figures]) -> None:
         print(f"{f.setup[:33]:34}" + "".join(f"{c:>14}" for c in cells))
 
 
+def print_languages(f: Figures) -> None:
+    """One setup's recall per language and category, benign passed per language, and by form."""
+    print(f"\n{f.setup}: recall by language and category (n/a: no prompts)")
+    cols = list(UNSAFE) + ["benign ok"]
+    print(f"{'lang':6}" + "".join(f"{c[:13]:>14}" for c in cols))
+    for lang in sorted(set(f.recall_by_lang_cat) | set(f.benign_by_lang)):
+        vals = [f.recall_by_lang_cat.get(lang, {}).get(c) for c in UNSAFE] + [f.benign_by_lang.get(lang)]
+        print(f"{lang:6}" + "".join(f"{'n/a' if v is None else format(v, '.3f'):>14}" for v in vals))
+    print("by form: " + ", ".join(f"{t} {v:.3f}" for t, v in f.recall_by_form.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", action="append", default=[], help=f"a labelled set (default {DEFAULT_SET.name})")
     p.add_argument("--detoxify-checkpoint", help="a folder with a trained detoxify.ckpt and its HF files")
     p.add_argument("--misses", action="store_true", help="print every prompt a setup got wrong")
+    p.add_argument("--by-language", action="store_true", help="recall per language and category, and by form")
+    p.add_argument("--only", help="run only the setups whose name starts with this (e.g. policy)")
     p.add_argument("--out", default="var/bench/policy.json")
     args = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)  # one core, as the figures say
     sets = {name: load_set(name) for name in args.set or [str(DEFAULT_SET)]}
-    results = report(sets, args.detoxify_checkpoint)
+    results = report(sets, args.detoxify_checkpoint, args.only)
     for name, figures in results.items():
         print_table(name, sets[name], figures)
+        if args.by_language:
+            for f in figures:
+                print_languages(f)
         if args.misses:
             for f in figures:
                 for m in f.misses:
