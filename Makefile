@@ -11,7 +11,7 @@ BENCH_OUT ?= var/bench
 # and diffusers from source again. It goes to .venv and to __pycache__ folders git ignores.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo test docs bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
+.PHONY: install demo test docs policy-forms policy-model bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
 install: $(VENV)/.installed
 
@@ -60,6 +60,15 @@ test: install
 docs: install
 	$(PY) -m tools.config_doc
 
+# The prompt policy's built data, versioned with its lists (docs/safety.md#the-prompt-policy): the
+# inflected forms of the lists' words (simplemma), then the learned layer (the labelled prompts in
+# safety/policy/training/). Each rebuilds the same bytes; a test fails when either is stale.
+policy-forms: install
+	$(PY) -m tools.policy_forms
+
+policy-model: install
+	$(PY) -m tools.policy_train
+
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
 # CPU). On a GPU: make bench BENCH_ARGS="--config configs/flux-schnell.toml --random-weights --sweep"
 BENCH_ARGS ?= --config configs/tiny.toml
@@ -79,7 +88,7 @@ models/tiny-pixart/model_index.json:
 # The prompt check's recall per category and false refusals on the labelled set (POLICY_EVAL_ARGS:
 # `--set FILE` for another set, `--misses`), then the milliseconds each check adds per prompt / image.
 bench-safety: install
-	$(PY) -m tools.policy_eval --out $(BENCH_OUT)/policy.json $(POLICY_EVAL_ARGS)
+	$(PY) -m tools.policy_eval --by-language --out $(BENCH_OUT)/policy.json $(POLICY_EVAL_ARGS)
 	$(PY) -m tools.safety_bench --out $(BENCH_OUT)/safety.json
 
 # The scheduler under 500 simulated workers: SQLite, PostgreSQL with 1 and 2 scheduler processes.

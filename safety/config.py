@@ -104,26 +104,36 @@ class PolicyCategoryConfig(Section):
     threshold: float = Field(1.0, gt=0.0, le=10.0)
 
 
+# The languages the policy ships lists for: the most used in image prompts. Another language is a
+# list file (and, where simplemma knows it, its forms), not code: docs/safety.md#adding-a-language.
+POLICY_LANGUAGES = ("en", "fr", "es", "de", "it", "pt", "nl", "pl", "ru", "uk", "tr", "ar", "hi", "ja", "zh",
+                    "ko", "id", "vi", "sv")
+
+
 class PolicyConfig(Section):
     """The prompt policy (safety/policy/lists): runs first on every backend, and cannot be switched
     off as a whole; sexual content involving a minor is refused whatever is configured here."""
 
-    languages: tuple[str, ...] = Field(("en", "fr", "es", "de"), description="word lists loaded, by language code")
+    languages: tuple[str, ...] = Field(POLICY_LANGUAGES, description="word lists loaded, by language code")
     # Per category (sexual, violence, hate, self_harm): on or off, and its threshold.
     categories: dict[str, PolicyCategoryConfig] = {}
     # TOML files of your own in the lists' format: more terms, exempt phrases, another language.
     extra_lists: tuple[str, ...] = ()
+    learned: bool = Field(True, description="the learned layer beside the lists (paraphrase, euphemism, "
+                          "slang); false: the lists alone")
+    learned_threshold: float | None = Field(None, gt=0.0, lt=1.0, description="probability at which the learned "
+                                            "layer counts a category; unset: its own per-category thresholds")
 
     @model_validator(mode="after")
     def _some_language(self) -> "PolicyConfig":
         if not self.languages:
-            raise ValueError("languages: name at least one (shipped: en, fr, es, de)")
+            raise ValueError(f"languages: name at least one (shipped: {', '.join(POLICY_LANGUAGES)})")
         return self
 
 
 class TextCheckConfig(Section):
-    # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise alt-profanity-check
-    # (its model ships in its wheel), with the choice logged at start.
+    # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise none after the
+    # policy (its lists and learned layer ship in the wheel), with the choice logged at start.
     backend: Literal["detoxify", "profanity", "guard-model", "auto", "custom", "off"] = Field(
         "detoxify", description="the prompt classifier run after the policy lists; guard-model: a Llama "
         "Guard style model; off: the lists alone")

@@ -1,7 +1,8 @@
 """How well the prompt check refuses what it must and passes the rest, on labelled prompt sets:
 `python -m tools.policy_eval` (the first half of `make bench-safety`).
 
-For each setup (the policy lists alone, then the policy followed by each model backend that runs
+For each setup (the policy: its lists and learned layer, which is the embedded default's whole text
+check; the lists without the learned layer; the policy followed by each model backend that runs
 offline, and for comparison each backend alone) it prints recall per unsafe category, per language
 and on disguised prompts, the share of benign prompts passed, and the time per prompt (median and
 p95 over every prompt of the set, each timed alone, on one thread); with `--by-language`, recall for
@@ -9,7 +10,9 @@ each language and category and by form (paraphrase, obfuscated, ...). Writes JSO
 
 A set is JSON lines: {"cat": sexual | sexual_minors | violence | hate | self_harm | benign,
 "lang": a language code, "tags": [...], "prompt": ...}. The project's own set is
-tests/safety/data/prompts.jsonl; pass `--set` for another (a held-out one).
+tests/safety/data/prompts.jsonl, written with the lists; heldout-1, heldout-2 and the folder
+heldout-3 (nineteen languages) were written apart from them. All four run by default; `--set` for
+another.
 detoxify needs a trained checkpoint (`--detoxify-checkpoint`, offline form: `dit-worker
 detoxify-offline`): random weights would measure nothing, so without one it is left out.
 """
@@ -25,7 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_SET = Path(__file__).resolve().parents[1] / "tests" / "safety" / "data" / "prompts.jsonl"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "safety" / "data"
+DEFAULT_SET = DATA / "prompts.jsonl"
+DEFAULT_SETS = (DEFAULT_SET, DATA / "heldout-1.jsonl", DATA / "heldout-2.jsonl", DATA / "heldout-3")
 UNSAFE = ("sexual", "sexual_minors", "violence", "hate", "self_harm")
 FORMS = ("plain", "paraphrase", "obfuscated", "inflected", "coded", "mixed")  # tags read as forms
 
@@ -61,8 +66,12 @@ class Figures:
 
 
 def load_set(path: str | Path) -> list[Row]:
+    """A set's rows; a directory is one set of all its .jsonl files."""
+    path = Path(path)
+    if path.is_dir():
+        return [row for part in sorted(path.glob("*.jsonl")) for row in load_set(part)]
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         d = json.loads(line)
@@ -133,7 +142,9 @@ def setups(detoxify_checkpoint: str | None) -> list[tuple[str, Callable[[str], b
     def after_policy(check):
         return lambda p: policy.judge(p).refused or check.check([p])[0].refused
 
-    out = [(f"policy {policy.version}", lambda p: policy.judge(p).refused)]
+    lists_only = PromptPolicy.load(PolicyConfig(learned=False))
+    out = [(f"policy {policy.version}", lambda p: policy.judge(p).refused),
+           ("lists alone (learned=false)", lambda p: lists_only.judge(p).refused)]
     out += [(f"policy + {name}", after_policy(check)) for name, check in backends]
     out += [(f"{name} alone", alone(check)) for name, check in backends]
     return out
@@ -172,7 +183,8 @@ def print_languages(f: Figures) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--set", action="append", default=[], help=f"a labelled set (default {DEFAULT_SET.name})")
+    p.add_argument("--set", action="append", default=[], help="a labelled set, or a folder of them read as one "
+                   "(default: every set in tests/safety/data)")
     p.add_argument("--detoxify-checkpoint", help="a folder with a trained detoxify.ckpt and its HF files")
     p.add_argument("--misses", action="store_true", help="print every prompt a setup got wrong")
     p.add_argument("--by-language", action="store_true", help="recall per language and category, and by form")
@@ -182,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # one core, as the figures say
-    sets = {name: load_set(name) for name in args.set or [str(DEFAULT_SET)]}
+    sets = {name: load_set(name) for name in args.set or [str(p) for p in DEFAULT_SETS]}
     results = report(sets, args.detoxify_checkpoint, args.only)
     for name, figures in results.items():
         print_table(name, sets[name], figures)

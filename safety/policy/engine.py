@@ -12,14 +12,18 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+import regex
+
 from safety.config import PolicyConfig
-from safety.policy import lists
+from safety.policy import languages, lists
+from safety.policy.learned import LearnedLayer
 from safety.policy.lists import Entry, Lexicon
-from safety.policy.normalize import Words, split, squeeze, to_ascii
+from safety.policy.normalize import CJK, Words, native, split, squeeze, to_ascii
 from safety.verdicts import SafetyLoadError, Verdict
 
 MINOR_AGE = 18
-_PLAIN_WORDS = re.compile(r"[a-z0-9]+")
+LEARNED_MIN_WORDS = 4
+_PLAIN_WORDS = regex.compile(f"[a-z0-9]+|[{CJK}]")
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,18 @@ class PromptPolicy:
         # Exempt phrases are found first and hide their words from the terms: "white power bank".
         self._exempt = _Index([e for e in lexicon.entries if e.category == "exempt"])
         self._index = _Index([e for e in lexicon.entries if e.category != "exempt"])
+        # A second reading in the prompt's language: every word as its lemma, against the entries
+        # lemmatised with the same table. A form means different words in different languages
+        # (German "ass" is a form of "essen"), so only the language the prompt is in is read.
+        self._lemma_indices: dict[str, tuple[_Index, _Index]] = {}
+        for code, forms in lexicon.forms.items():
+            # An entry none of whose words is a lemma here matches in the first reading or not at all.
+            touched = set(forms).union(forms.values())  # a word that is a form or a lemma here
+            lemmas = [lexicon.lemma(e, forms) for e in lexicon.entries if not touched.isdisjoint(e.words)]
+            self._lemma_indices[code] = (_Index([e for e in lemmas if e.category == "exempt"]),
+                                         _Index([e for e in lemmas if e.category != "exempt"]))
+        self._languages = languages.identifier(tuple(lexicon.languages)) if lexicon.forms else None
+        self._learned = LearnedLayer.load(lists.shipped_dir(), cfg.learned_threshold) if cfg.learned else None
         self._thresholds = _thresholds(lexicon, cfg)
 
     @classmethod
@@ -104,7 +120,8 @@ class PromptPolicy:
 
     def describe(self) -> str:
         on = [c for c in self.lexicon.categories if c in self._thresholds]
-        return f"policy {self.version} ({'/'.join(self.lexicon.languages)}: {', '.join(on)})"
+        learned = f", learned layer {self._learned.version}" if self._learned else ", learned layer OFF"
+        return f"policy {self.version} ({'/'.join(self.lexicon.languages)}: {', '.join(on)}{learned})"
 
     def check(self, prompts: list[str]) -> list[Verdict]:
         return [self.judge(p) for p in prompts]
@@ -119,27 +136,66 @@ class PromptPolicy:
                        label=self.lexicon.categories[worst].label)
 
     def find(self, prompt: str) -> Found:
-        text = to_ascii(prompt)
+        text = to_ascii(native(prompt), prepared=True)
         ws = split(text, self.lexicon.leet)
+        langs = self._languages.of(prompt) if self._languages else []
+        readings = []
+        for code in langs:
+            forms = self.lexicon.forms.get(code)
+            lemmas = [forms.get(w, w) for w in ws.words] if forms else ws.words
+            if lemmas != ws.words:
+                readings.append((code, lemmas))
+        # A term counts once by the words it covers, read as lemmas in the prompt's language: two
+        # entries for one word ("gore" in four lists), or two forms of one word ("asesinado",
+        # "asesinada"), are one term; the same word twice is one term too.
+        keys = readings[0][1] if readings else ws.words
         kinds: dict[str, dict[str, set[tuple]]] = defaultdict(lambda: defaultdict(set))
+        hidden = self._scan(ws, self._exempt, self._index, kinds, keys)
+        for code, lemmas in readings:
+            self._scan(Words(lemmas, ws.disguised, ws.elongated), *self._lemma_indices[code], kinds, keys)
+        if self._minor_age(text):
+            kinds["sexual_minors"]["minors"].add(("<age>",))
+        if self._learned is not None:
+            self._learn([w for i, w in enumerate(ws.words) if i not in hidden], kinds)
+        return Found({c: {k: len(v) for k, v in ks.items()} for c, ks in kinds.items()})
+
+    def _learn(self, words: list[str], kinds: dict[str, dict[str, set[tuple]]]) -> None:
+        """The learned layer, for what the lists have no words for: a category in which the lists
+        found no term gets one contextual term (strong, unless the category's benign context is
+        there) when the model's probability reaches its threshold. It reads the words no exempt
+        phrase hid ("Al Gore" is not gore); where the lists found a term, they decide (one weak
+        term still passes). Fewer than `LEARNED_MIN_WORDS` words tell it too little: a style word
+        alone ("poster") leans on what the training prompts around it were."""
+        if len(words) < LEARNED_MIN_WORDS:
+            return
+        probs = self._learned.probabilities(words)
+        limits = self._learned.thresholds
+        over = {c for c, p in probs.items() if p >= limits.get(c, 2.0)}
+        if kinds.get("sexual_minors", {}).get("minors") and probs.get("sexual", 0.0) >= limits.get("sexual_with_minor", 2.0):
+            over.add("sexual")  # a minor is named: the minors rule comes first, as a weak listed term does
+        for category in over:
+            if not any(kinds.get(category, {}).get(k) for k in lists.SCORING):
+                kinds[category]["contextual"].add(("<learned>",))
+
+    def _scan(self, ws: Words, exempt: _Index, index: _Index, kinds: dict[str, dict[str, set[tuple]]],
+              keys: list[str]) -> set[int]:
+        """Matches one reading of the prompt into `kinds`; returns the positions exempt phrases hid."""
         hidden: set[int] = set()
         i = 0
         while i < len(ws.words):
-            n, _ = self._longest(self._exempt, ws, i, hidden)
+            n, _ = self._longest(exempt, ws, i, hidden)
             hidden.update(range(i, i + n))
             i += max(n, 1)
         i = 0
         while i < len(ws.words):
-            n, hits = self._longest(self._index, ws, i, hidden)
+            n, hits = self._longest(index, ws, i, hidden)
             disguised = any(j in ws.disguised for j in range(i, i + n))
             for e in hits:
                 # A disguised weak term is no accident: it counts as strong.
                 kind = "strong" if disguised and e.kind in lists.SCORING else e.kind
-                kinds[e.category][kind].add(e.words)
+                kinds[e.category][kind].add(tuple(keys[i:i + n]))
             i += max(n, 1)
-        if self._minor_age(text):
-            kinds["sexual_minors"]["minors"].add(("<age>",))
-        return Found({c: {k: len(v) for k, v in ks.items()} for c, ks in kinds.items()})
+        return hidden
 
     def scores(self, found: Found) -> dict[str, float]:
         w = self.lexicon.weights

@@ -8,13 +8,15 @@ key; a list is never half-loaded.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from safety.policy.normalize import squeeze, to_ascii, words
+from safety.policy.normalize import native, squeeze, to_ascii, words
 from safety.verdicts import SafetyLoadError
 
 # The kinds of entry a category section may hold, and what they add to its score.
@@ -22,6 +24,7 @@ SCORING = ("strong", "contextual", "weak")
 SETS = ("minors", "groups", "attacks", "praise", "body", "injury")  # the sets `combine` rules read
 KINDS = SCORING + SETS + ("benign_context", "ages")
 MANIFEST = "policy.toml"
+FORMS = "forms"  # forms/<code>.json: inflected form -> lemma, built by `make policy-forms`
 _DIGEST_LINE = re.compile(r"^digest\s*=.*$", re.MULTILINE)
 
 
@@ -43,6 +46,7 @@ class Entry:
     kind: str
     words: tuple[str, ...]
     stem: bool = False
+    lang: str | None = None  # the list it came from
 
 
 @dataclass
@@ -54,6 +58,14 @@ class Lexicon:
     entries: list[Entry] = field(default_factory=list)
     ages: list[re.Pattern] = field(default_factory=list)
     languages: tuple[str, ...] = ()
+    forms: dict[str, dict[str, str]] = field(default_factory=dict)  # language -> a word's form -> its lemma
+
+    def lemma(self, entry: Entry, forms: dict[str, str]) -> Entry:
+        """The entry with each word replaced by its lemma in one language's table (a stem's last
+        word kept as written)."""
+        last = len(entry.words) - 1
+        ws = tuple(w if (entry.stem and i == last) else forms.get(w, w) for i, w in enumerate(entry.words))
+        return entry if ws == entry.words else replace(entry, words=ws)
 
 
 def shipped_dir() -> Path:
@@ -63,11 +75,11 @@ def shipped_dir() -> Path:
 def digest(folder: Path) -> str:
     """The content digest of the shipped lists (the manifest's own digest line left out)."""
     h = hashlib.sha256()
-    for path in sorted(folder.glob("*.toml")):
-        text = path.read_text(encoding="utf-8")
+    for path in sorted(folder.glob("*.toml")) + sorted((folder / FORMS).glob("*.json")) + sorted(folder.glob("learned.*")):
+        data = path.read_bytes()
         if path.name == MANIFEST:
-            text = _DIGEST_LINE.sub("", text)
-        h.update(path.name.encode() + b"\0" + text.encode() + b"\0")
+            data = _DIGEST_LINE.sub("", data.decode("utf-8")).encode()
+        h.update(path.name.encode() + b"\0" + data + b"\0")
     return "sha256:" + h.hexdigest()[:16]
 
 
@@ -80,7 +92,8 @@ def load(languages: tuple[str, ...], extra: tuple[str, ...] = ()) -> Lexicon:
         if not path.is_file():
             known = sorted(p.stem for p in folder.glob("*.toml") if p.name != MANIFEST)
             raise SafetyLoadError(f"safety.text.policy.languages: no list for {code!r} (shipped: {', '.join(known)})")
-        _add(lex, _read(path, str(path)), str(path))
+        _add(lex, _read(path, str(path)), str(path), code)
+        _add_forms(lex, code, folder / FORMS / f"{code}.json")
     lex.languages = tuple(languages)
     if extra:
         h = hashlib.sha256()
@@ -120,14 +133,14 @@ def _lexicon(manifest: dict, where: Path) -> Lexicon:
         raise SafetyLoadError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from e
 
 
-def _add(lex: Lexicon, data: dict, where: str) -> None:
+def _add(lex: Lexicon, data: dict, where: str, lang: str | None = None) -> None:
     for section, body in data.items():
         if section == "language":
             continue
         if not isinstance(body, dict):
             raise SafetyLoadError(f"{where}: {section}: a table of lists is expected")
         if section == "exempt":
-            _entries(lex, "exempt", "phrases", body, where)
+            _entries(lex, "exempt", "phrases", body, where, lang)
             continue
         if section not in lex.categories:
             # A new category comes with its manifest entry: a list alone would refuse nothing.
@@ -136,9 +149,22 @@ def _add(lex: Lexicon, data: dict, where: str) -> None:
             if kind == "ages":
                 lex.ages.extend(_age_pattern(p, f"{where}: {section}.ages") for p in _strings(body, kind, where, section))
             elif kind in KINDS:
-                _entries(lex, section, kind, body, where)
+                _entries(lex, section, kind, body, where, lang)
             else:
                 raise SafetyLoadError(f"{where}: {section}.{kind}: unknown key (one of {', '.join(KINDS)})")
+
+
+def _add_forms(lex: Lexicon, code: str, path: Path) -> None:
+    """A language's inflected forms, where simplemma has a dictionary for it."""
+    if not path.is_file():
+        return
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+            raise ValueError("an object of form -> lemma strings is expected")
+    except (OSError, ValueError) as e:
+        raise SafetyLoadError(f"{path}: cannot read the inflected forms: {e}") from e
+    lex.forms[code] = table
 
 
 def _strings(body: dict, kind: str, where: str, section: str) -> list[str]:
@@ -148,14 +174,21 @@ def _strings(body: dict, kind: str, where: str, section: str) -> list[str]:
     return value
 
 
-def _entries(lex: Lexicon, category: str, kind: str, body: dict, where: str) -> None:
+def _entries(lex: Lexicon, category: str, kind: str, body: dict, where: str, lang: str | None) -> None:
     for raw in _strings(body, kind, where, category):
         stem = raw.rstrip().endswith("*")
-        ws = tuple(words(to_ascii(raw.rstrip().rstrip("*")), {}))
+        ws = _entry_words(raw.rstrip().rstrip("*"), tuple(sorted(lex.leet.items())))
         if not ws or (stem and len(ws[-1]) < 3):
             raise SafetyLoadError(f"{where}: {category}.{kind}: entry #{body[kind].index(raw) + 1} "
                                   "normalises to nothing matchable (a stem needs 3 letters or more)")
-        lex.entries.append(Entry(category, kind, ws, stem))
+        lex.entries.append(Entry(category, kind, ws, stem, lang))
+
+
+@cache
+def _entry_words(text: str, leet: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """An entry normalised as a prompt is, leetspeak included ("r34" is read as a prompt's "r34" is;
+    kept for the process: each load of the lists reads the same ten thousand entries)."""
+    return tuple(words(to_ascii(native(text, repair=False), prepared=True), dict(leet)))
 
 
 def _age_pattern(pattern: str, where: str) -> re.Pattern:

@@ -8,7 +8,9 @@ Each step undoes one way of writing a word so that a keyword list misses it:
                                                                    Devanagari vowels, kana voicing)
     look-alike letters in a word      Unicode's confusables table  nudе with a Cyrillic е, Greek ν
       that has Latin letters                                       (a Russian word stays Russian)
-    ideographs, kana, hangul          one word per character       裸体 -> 裸 体 (no spaces to split on)
+    ideographs, kana, hangul          one word per character, kept 裸体 -> 裸 体 (no spaces to split on;
+                                        as written                 read as pinyin, 强奸 and 强健 would meet)
+    Arabic ع and hamza, Hindi nukta   letters, not word breaks     عارية -> earyh (as Arabizi's 3arya)
     other scripts and accents         anyascii (transliteration)   décapité -> decapite, ß -> ss
     case                              str.lower
     leetspeak                         the lists' own table          n4k3d, p0rn, $ex
@@ -33,39 +35,49 @@ _INVISIBLE = regex.compile(r"[\p{Cf}\p{Cc}]")
 _LATIN_MARKS = regex.compile(r"(?<=[\p{Latin}\p{Common}]\p{M}*)\p{M}+")  # zalgo, strike-through on Latin text
 # A word written with letters of more than one script: Latin letters with look-alikes among them.
 _MIXED_WORD = regex.compile(r"\w*[a-zA-Z]\w*[^\W\p{Latin}\d_]\w*|\w*[^\W\p{Latin}\d_]\w*[a-zA-Z]\w*")
-# Scripts written without spaces between words: each character is a word of its own (the comma is a
-# word break that the spaced-letters rule below does not join across).
-_EACH_CHAR = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]")
+# Scripts written without spaces between words: each character is a word of its own, kept as it is
+# (the comma is a word break that the spaced-letters rule below does not join across).
+CJK = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\u30fc"
+_EACH_CHAR = regex.compile(f"([{CJK}])")
+# What anyascii would make a word break: Arabic ع (Arabizi writes 3, read as e) and the hamza
+# carriers; the Devanagari nukta.
+_LETTERS = str.maketrans({"ع": "e", "أ": "a", "إ": "i", "ؤ": "w", "ئ": "y", "ء": "", "\u093c": ""})
 # Words, with `*` kept inside one where it stands for a hidden letter (p*rn); the matcher resolves it.
-_WORD = regex.compile(r"[a-z0-9]+(?:\*+[a-z0-9]+)*")
+_WORD = regex.compile(f"[a-z0-9]+(?:\\*+[a-z0-9]+)*|[{CJK}]")
 # A token that mixes letters with digits or symbols that stand for letters: the candidates for
 # undoing leetspeak. All-digit tokens (ages, sizes, "4k") stay as they are.
 _LEET_TOKEN = regex.compile(r"[a-z0-9@$!|+*€£]*[a-z][a-z0-9@$!|+*€£]*|[0-9@$!|+€£]+[a-z][a-z0-9@$!|+*€£]*")
 # Three or more single letters separated by one kind of separator: n u d e, n.u.d.e, n-u-d-e.
 _SPACED = regex.compile(r"(?<![a-z0-9])[a-z](?:([ ._\-*~/\\|]+)[a-z](?![a-z0-9]))(?:\1[a-z](?![a-z0-9])){1,}")
 _REPEAT3 = regex.compile(r"([a-z])\1{2,}")
-_PLAIN = regex.compile(r"[a-z0-9]+")
+_PLAIN = regex.compile(f"[a-z0-9]+|[{CJK}]")
 # A number with a unit or suffix (4k, 3d, 35mm, 1920s, 12yo, 21st) is not leetspeak.
 _QUANTITY = regex.compile(r"\d+(?:[a-z]{1,2}|mm|px|fps|yrs?)?")
 _RUNS = regex.compile(r"([a-z])\1+")
 
 
-def native(text: str) -> str:
-    """The text repaired and stripped of what hides letters, still in its own script: the form words
-    are lemmatised in."""
-    text = ftfy.fix_text(text, normalization="NFKC")
+def native(text: str, repair: bool = True) -> str:
+    """The text repaired and stripped of what hides letters, still in its own script. `repair=False`
+    leaves out ftfy's repairs of mojibake and markup (for the lists' own entries, written as UTF-8)."""
+    if not repair:
+        text = unicodedata.normalize("NFKC", text)
+    elif text.isascii() and "&" not in text and "\x1b" not in text:
+        return _INVISIBLE.sub("", text)  # nothing for ftfy or Unicode to repair (most prompts): 0.1 ms saved
+    else:
+        text = ftfy.fix_text(text, normalization="NFKC")
     text = _LATIN_MARKS.sub("", unicodedata.normalize("NFKD", _INVISIBLE.sub("", text)))
     return unicodedata.normalize("NFC", text)
 
 
 def to_ascii(text: str, prepared: bool = False) -> str:
-    """Steps up to and including case: the form age patterns and list entries are compared in."""
+    """Steps up to and including case: the form age patterns and list entries are compared in.
+    ASCII, but for ideographs, kana and hangul, each kept as a word of its own."""
     if not prepared:
         text = native(text)
     table = _confusables()
-    text = _MIXED_WORD.sub(lambda m: m.group(0).translate(table), text)
-    text = _EACH_CHAR.sub(lambda m: f",{m.group(0)},", text)
-    return anyascii(text).lower()
+    text = _MIXED_WORD.sub(lambda m: m.group(0).translate(table), text).translate(_LETTERS)
+    parts = _EACH_CHAR.split(text)  # odd items are the characters kept
+    return "".join(f",{p}," if i % 2 else anyascii(p) for i, p in enumerate(parts)).lower()
 
 
 def squeeze(word: str) -> str:
@@ -95,7 +107,7 @@ def split(text: str, leet: dict[str, str]) -> Words:
     text = _LEET_TOKEN.sub(lambda m: _unleet(m.group(0), leet), text)
     out, disguised, long = [], set(), set()
     for i, word in enumerate(_WORD.findall(text)):
-        if _REPEAT3.search(word):
+        if _REPEAT3.search(word) and len(set(word)) > 1:  # "kkk" is a term and "kkkk" laughter: kept as typed
             long.add(i)
             word = _REPEAT3.sub(r"\1", word)  # nuuuude -> nude; kiiiill -> kill is left to squeeze()
         if word not in plain or i in long:

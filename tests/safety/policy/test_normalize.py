@@ -70,3 +70,28 @@ def test_plain_prompts_are_unchanged():
     assert ws.words == ["a", "cinematic", "photo", "of", "a", "lighthouse", "on", "a", "cliff", "at", "dawn",
                         "35mm", "8k"]
     assert not ws.disguised and not ws.elongated
+
+
+def test_other_scripts_stay_readable():
+    # A Russian word is transliterated, not mapped letter by letter to Latin look-alikes (порно is
+    # not "popno"); a look-alike inside a Latin word still is.
+    assert norm("порно голая") == ["porno", "golaya"]
+    assert norm("nudе") == ["nude"]  # a Cyrillic е
+    # Devanagari keeps its vowel signs; the nukta joins its letter rather than breaking the word.
+    assert norm("नग्न महिला") == ["ngn", "mhila"]
+    assert len(norm("लड़की")) == 1
+    # Arabic ع and the hamza are letters, not word breaks.
+    assert len(norm("عارية")) == 1 and len(norm("أطفال")) == 1
+
+
+def test_ideographs_kana_and_hangul_are_words_of_one_character_as_written():
+    assert norm("裸体的女人") == ["裸", "体", "的", "女", "人"]
+    assert norm("强奸") != norm("强健")  # the same in toneless pinyin
+    assert norm("グロー") == ["グ", "ロ", "ー"] and norm("グロ") == ["グ", "ロ"]
+    assert norm("nude girl, 水着, 8k") == ["nude", "girl", "水", "着", "8k"]
+
+
+def test_a_single_letter_repeated_is_kept_as_typed():
+    """KKK is a term and Brazilian "kkkk" is laughter: neither is squeezed."""
+    assert norm("kkk rally") == ["kkk", "rally"] and norm("kkkk") == ["kkkk"]
+    assert norm("k k k rally") == ["kkk", "rally"]

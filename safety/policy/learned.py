@@ -1,0 +1,97 @@
+"""The policy's learned layer: what word lists cannot see (paraphrase, euphemism, metaphor, slang).
+
+A linear model over hashed features of the prompt as the lists read it (normalised, transliterated,
+leetspeak undone): its words, pairs of words, and the 3- to 5-letter pieces of each word, which
+carry inflections and compounds across languages. Six classes (benign and the five categories),
+softmax; a category whose probability reaches its threshold counts as one strong term of that
+category, so the lists' rules apply to it as to any term (a learned "sexual" beside a word for a
+child refuses as sexual content involving a minor; a suicide-prevention context cancels a learned
+"self_harm").
+
+The weights (safety/policy/lists/learned.safetensors) and their card (learned.json: classes,
+thresholds, feature settings, the digest of the training data) are built by `make policy-model`
+(tools/policy_train.py) from the labelled prompts in safety/policy/training/, the same bytes each
+time; tests/safety/policy/test_learned.py fails when they are stale. Scoring takes numpy and
+zlib: about 0.1-0.3 ms a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from safety.verdicts import SafetyLoadError
+
+WEIGHTS = "learned.safetensors"
+CARD = "learned.json"
+
+
+@dataclass(frozen=True)
+class Features:
+    """How a prompt's words become feature ids: the same code at training and at serving."""
+
+    bits: int = 16
+    char_min: int = 3
+    char_max: int = 5
+
+    def ids(self, words: list[str]) -> np.ndarray:
+        mask = (1 << self.bits) - 1
+        out = set()
+        for i, w in enumerate(words):
+            out.add(zlib.crc32(b"w " + w.encode()) & mask)
+            if i:
+                out.add(zlib.crc32(f"b {words[i - 1]} {w}".encode()) & mask)
+            padded = f"<{w}>"
+            for n in range(self.char_min, self.char_max + 1):
+                for j in range(len(padded) - n + 1):
+                    out.add(zlib.crc32(b"c " + padded[j:j + n].encode()) & mask)
+        return np.fromiter(sorted(out), dtype=np.int64, count=len(out))
+
+
+class LearnedLayer:
+    def __init__(self, weights: np.ndarray, bias: np.ndarray, classes: list[str], thresholds: dict[str, float],
+                 features: Features, version: str) -> None:
+        self.weights, self.bias, self.classes = weights, bias, classes
+        self.thresholds = thresholds
+        self.features = features
+        self.version = version
+
+    @classmethod
+    def load(cls, folder: Path, threshold: float | None = None) -> "LearnedLayer | None":
+        """None where no model is shipped; a model that cannot be read stops start-up."""
+        card_path, weights_path = folder / CARD, folder / WEIGHTS
+        if not card_path.is_file():
+            return None
+        from safetensors.numpy import load_file
+
+        try:
+            card = json.loads(card_path.read_text(encoding="utf-8"))
+            tensors = load_file(str(weights_path))
+            features = Features(**card["features"])
+            dense = np.zeros((1 << features.bits, len(card["classes"])), dtype=np.float32)
+            dense[tensors["index"]] = tensors["weight"].astype(np.float32)
+            thresholds = dict(card["thresholds"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SafetyLoadError(f"{weights_path}: cannot load the policy's learned layer: {e}") from e
+        if threshold is not None:
+            thresholds = {c: threshold for c in thresholds}
+        return cls(dense, tensors["bias"].astype(np.float32), list(card["classes"]), thresholds, features,
+                   card["version"])
+
+    def probabilities(self, words: list[str]) -> dict[str, float]:
+        ids = self.features.ids(words)
+        if not len(ids):
+            return {}
+        logits = self.weights[ids].sum(axis=0) / np.sqrt(len(ids)) + self.bias
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        return {c: float(v) for c, v in zip(self.classes, p)}
+
+    def over(self, words: list[str]) -> dict[str, float]:
+        """The categories whose probability reaches their threshold, with it."""
+        probs = self.probabilities(words)
+        return {c: p for c, p in probs.items() if c in self.thresholds and p >= self.thresholds[c]}

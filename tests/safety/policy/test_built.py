@@ -1,0 +1,93 @@
+"""The policy's built data, versioned with its lists: the inflected forms (tools/policy_forms.py)
+and the learned layer (tools/policy_train.py). Each is rebuilt here and must equal what ships;
+the learned layer never saw a prompt of the sets the policy is measured on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from safety.config import PolicyConfig
+from safety.policy import lists
+from safety.policy.engine import PromptPolicy
+from safety.policy.learned import CARD, WEIGHTS, LearnedLayer
+from tools import policy_forms, policy_train
+
+SHIPPED = lists.shipped_dir()
+MEASURED = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_the_inflected_forms_are_rebuilt_byte_for_byte(tmp_path):
+    """`make policy-forms` after a list changes: simplemma's dictionaries read again."""
+    for path in SHIPPED.glob("*.toml"):
+        shutil.copy(path, tmp_path / path.name)
+    policy_forms.build(tmp_path)
+    built = {p.name: p.read_bytes() for p in (tmp_path / lists.FORMS).glob("*.json")}
+    shipped = {p.name: p.read_bytes() for p in (SHIPPED / lists.FORMS).glob("*.json")}
+    assert built.keys() == shipped.keys()
+    stale = [name for name in built if built[name] != shipped[name]]
+    assert not stale, f"stale: {stale}; run `make policy-forms` and bump the policy's version"
+
+
+def test_the_learned_layer_is_rebuilt_byte_for_byte(tmp_path):
+    card = json.loads((SHIPPED / CARD).read_text())
+    assert card["trained_on"]["digest"] == policy_train.data_digest(), (
+        "safety/policy/training/ changed: run `make policy-model` and bump the policy's version")
+    policy_train.build(tmp_path, card["settings"]["max_false"])
+    for name in (CARD, WEIGHTS):
+        assert (tmp_path / name).read_bytes() == (SHIPPED / name).read_bytes(), f"{name} is stale: `make policy-model`"
+
+
+def test_no_measured_prompt_is_in_the_training_data():
+    trained = {r["prompt"].strip().lower() for r in policy_train.read()}
+    for path in sorted(MEASURED.rglob("*.jsonl")):
+        measured = {json.loads(line)["prompt"].strip().lower() for line in path.read_text().splitlines() if line.strip()}
+        assert not trained & measured, f"{path.name}: {len(trained & measured)} prompts also in the training data"
+
+
+def test_the_training_data_covers_every_language_and_category():
+    rows = policy_train.read()
+    for lang in PolicyConfig().languages:
+        for cat in ("benign", "sexual", "violence", "hate", "self_harm"):
+            assert sum(1 for r in rows if r["lang"] == lang and r["cat"] == cat) >= 20, (lang, cat)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return PromptPolicy.load(PolicyConfig())
+
+
+def test_the_learned_layer_loads_and_scores(policy):
+    layer = LearnedLayer.load(SHIPPED)
+    probs = layer.probabilities(["a", "lighthouse", "on", "a", "cliff", "at", "dawn"])
+    assert abs(sum(probs.values()) - 1) < 1e-5 and max(probs, key=probs.get) == "benign"
+    assert "learned layer" in policy.describe()
+    assert "learned layer OFF" in PromptPolicy.load(PolicyConfig(learned=False)).describe()
+
+
+@pytest.mark.parametrize("lang, frame", [("it", "una fotografia di {} sulla spiaggia, luce del tramonto"),
+                                         ("pl", "zdjęcie {} na plaży o zachodzie słońca"),
+                                         ("pt", "uma fotografia de {} na praia ao pôr do sol")])
+def test_a_form_the_list_does_not_name_is_read_as_its_lemma(policy, lang, frame):
+    """The lists name a word once; simplemma's forms read its other forms, in the prompt's language.
+    Every form of a strong sexual word that the lists alone miss is refused with the forms."""
+    forms = policy.lexicon.forms[lang]
+    without = PromptPolicy.load(PolicyConfig(learned=False))
+    without.lexicon.forms.clear()
+    without._lemma_indices.clear()
+    words = {forms.get(e.words[0], e.words[0]) for e in policy.lexicon.entries
+             if e.lang == lang and e.category == "sexual" and e.kind == "strong" and len(e.words) == 1 and not e.stem}
+    unseen = [f for f, lemma in forms.items() if lemma in words and not without.judge(frame.format(f)).refused]
+    assert unseen, f"{lang}: no form of a strong word that the lists miss"
+    caught = [f for f in unseen if policy.judge(frame.format(f)).refused]
+    assert len(caught) / len(unseen) >= 0.9, sorted(set(unseen) - set(caught))[:20]
+
+
+def test_a_form_of_another_language_is_not_read(policy):
+    """German "ass" is a form of "essen" (and "die" of "der"): an English prompt is read with
+    English forms only."""
+    assert policy._languages.of("kiss my ass, cartoon, in the style of a comic strip") == ["en"]
+    assert policy.lexicon.forms["de"].get("ass") == "essen"

@@ -1,0 +1,114 @@
+"""The inflected forms of the policy lists' words, from simplemma's dictionaries: `make policy-forms`.
+
+A list names a word once ("nudo", "голый", "çıplak"); people write it in any of its forms ("nude",
+"голую", "çıplaklar"). simplemma maps every form of a language to its lemma (dictionaries for 54
+languages built from Wiktionary and other open data). For each language with a list and a simplemma
+dictionary, this writes safety/policy/lists/forms/<code>.json: every form whose lemma is the lemma
+of a word in that language's list, mapped to that lemma, both normalised as prompts are. The
+policy matches a prompt twice: as written, and with each word replaced by its lemma, against
+entries lemmatised the same way (safety/policy/engine.py).
+
+Only the forms of the lists' own words are kept (kilobytes, against 1.2 GB and 20 s to load the
+full dictionaries), so the worker needs neither simplemma nor its load time. The files are
+rebuilt from the lists and the pinned simplemma: the same bytes each time;
+tests/safety/policy/test_forms.py fails when they are stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+import regex
+
+from safety.policy import lists
+from safety.policy.normalize import native, to_ascii, words
+
+_NATIVE_WORD = regex.compile(r"[\p{L}\p{M}]+")
+MAX_FORMS = 200  # a lemma with more forms than this is a function word or an error: left out
+MIN_LEMMA = 4  # shorter lemmas are function words ("der" for das, dem, des): reading them only confuses
+
+
+def list_words(data: dict) -> set[str]:
+    """The native words of every entry of a list file, stems (trailing *) left out."""
+    out: set[str] = set()
+    for section, body in data.items():
+        if not isinstance(body, dict):
+            continue
+        for kind, entries in body.items():
+            if kind == "ages" or not isinstance(entries, list):
+                continue
+            for raw in entries:
+                if raw.rstrip().endswith("*"):
+                    continue
+                out.update(w.lower() for w in _NATIVE_WORD.findall(native(raw)))
+    return out
+
+
+def ascii_word(word: str) -> str | None:
+    ws = words(to_ascii(word), {})
+    return ws[0] if len(ws) == 1 else None
+
+
+def forms_for(code: str, vocabulary: set[str]) -> dict[str, str]:
+    """ascii form -> ascii lemma, for the lemmas of `vocabulary` in language `code`."""
+    from simplemma.strategies.dictionaries import DefaultDictionaryFactory
+
+    table = DefaultDictionaryFactory(cache_max_size=1).get_dictionary(code)
+    by_lemma: dict[str, set[str]] = defaultdict(set)
+    for form, lemma in table.items():
+        by_lemma[lemma.lower()].add(form.lower())
+    wanted = {table.get(w, w).lower() for w in vocabulary} | {
+        table.get(w.capitalize(), w).lower() for w in vocabulary}  # German nouns are capitalised
+    out: dict[str, str] = {}
+    for lemma in sorted(wanted):
+        forms = by_lemma.get(lemma, set())
+        base = ascii_word(lemma)
+        if not forms or len(forms) > MAX_FORMS or base is None or len(base) < MIN_LEMMA:
+            continue
+        for form in sorted(forms | {lemma}):
+            a = ascii_word(form)
+            if a is not None and a != base and len(a) >= 3:
+                out.setdefault(a, base)  # the first lemma in sorted order wins a shared form
+    return dict(sorted(out.items()))
+
+
+def supported() -> set[str]:
+    import simplemma
+
+    data = Path(simplemma.__file__).parent / "strategies" / "dictionaries" / "data"
+    return {p.name.split(".")[0] for p in data.iterdir()}
+
+
+def build(folder: Path, only: list[str] | None = None) -> dict[str, int]:
+    out_dir = folder / "forms"
+    out_dir.mkdir(exist_ok=True)
+    have = supported()
+    written = {}
+    for path in sorted(folder.glob("*.toml")):
+        code = path.stem
+        if path.name == lists.MANIFEST or code not in have or (only and code not in only):
+            continue
+        forms = forms_for(code, list_words(tomllib.loads(path.read_text(encoding="utf-8"))))
+        text = json.dumps(forms, ensure_ascii=True, indent=0, sort_keys=True) + "\n"
+        (out_dir / f"{code}.json").write_text(text, encoding="utf-8")
+        written[code] = len(forms)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lang", action="append", help="only these languages (default: every list simplemma knows)")
+    args = p.parse_args(argv)
+    for code, n in build(lists.shipped_dir(), args.lang).items():
+        print(f"{code}: {n} forms")
+    print("now bump `version` in safety/policy/lists/policy.toml and set its digest", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""Trains the policy's learned layer from the project's labelled prompts: `make policy-model`.
+
+Reads safety/policy/training/*.jsonl (the same JSON lines as the evaluation sets: cat, lang, tags,
+prompt), reads each prompt as the lists do (safety.policy.normalize), hashes its features
+(safety.policy.learned.Features) and fits a multinomial logistic regression (scikit-learn, lbfgs).
+Each category's threshold is chosen on out-of-fold probabilities (5 folds, fixed split): the
+lowest that keeps the benign prompts of the training data refused at most `--max-false` of the
+time (none, by default); and a lower one for "sexual" beside a minor, the lowest that no benign
+training prompt naming a minor reaches. Writes learned.safetensors (weights of the features seen, float16) and learned.json (the
+card) next to the lists. The same data and settings give the same bytes.
+
+Never give it the sets the policy is measured on (tests/safety/data/, held-out sets): the card
+records the digest of what it was trained on, and the tests check that no measured prompt is in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from safety.policy import lists
+from safety.policy.learned import CARD, WEIGHTS, Features
+from safety.policy.normalize import native, split, to_ascii
+
+TRAINING = Path(__file__).resolve().parents[1] / "safety" / "policy" / "training"
+CLASSES = ["benign", "sexual_minors", "sexual", "violence", "hate", "self_harm"]
+C = 4.0  # inverse regularisation strength
+
+
+def read(folder: Path = TRAINING) -> list[dict]:
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                d = json.loads(line)
+                if d["cat"] not in CLASSES:
+                    raise ValueError(f"{path}:{n}: cat {d['cat']!r} is not one of {CLASSES}")
+                rows.append(d)
+    return rows
+
+
+def data_digest(folder: Path = TRAINING) -> str:
+    h = hashlib.sha256()
+    for path in sorted(folder.glob("*.jsonl")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def words_of(prompt: str, leet: dict[str, str]) -> list[str]:
+    return split(to_ascii(native(prompt), prepared=True), leet).words
+
+
+def matrix(rows: list[dict], features: Features, leet: dict[str, str]):
+    from scipy.sparse import csr_matrix
+
+    indptr, indices = [0], []
+    for r in rows:
+        ids = features.ids(words_of(r["prompt"], leet))
+        indices.extend(ids.tolist())
+        indptr.append(len(indices))
+    data = np.concatenate([np.full(indptr[i + 1] - indptr[i], 1 / np.sqrt(max(indptr[i + 1] - indptr[i], 1)))
+                           for i in range(len(rows))]) if indices else np.zeros(0)
+    return csr_matrix((data, np.array(indices, dtype=np.int64), np.array(indptr)), shape=(len(rows), 1 << features.bits))
+
+
+def fit(x, y):
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=C, max_iter=500, tol=1e-4, solver="lbfgs").fit(x, y)
+
+
+def thresholds(x, y, max_false: float, minors: np.ndarray) -> dict[str, float]:
+    """Per category, the lowest threshold (on a 0.05 grid from 0.5) at which at most `max_false`
+    of the benign training prompts reach it, judged out of fold; and `sexual_with_minor`, the
+    lowest (from 0.2) that no benign prompt naming a minor (by the lists) reaches in "sexual"."""
+    present = np.unique(y)
+    folds = np.arange(len(y)) % 5
+    probs = np.zeros((len(y), len(present)))
+    for k in range(5):
+        model = fit(x[folds != k], y[folds != k])
+        probs[folds == k] = model.predict_proba(x[folds == k])
+    benign = y == 0
+    out = {}
+    for col, c in enumerate(present):
+        if c == 0:
+            continue
+        for t in np.arange(0.5, 0.951, 0.05):
+            if (probs[benign, col] >= t).mean() <= max_false:
+                out[CLASSES[c]] = round(float(t), 2)
+                break
+        else:
+            out[CLASSES[c]] = 0.95
+    col = list(present).index(CLASSES.index("sexual"))
+    worst = probs[benign & minors, col].max(initial=0.0)
+    out["sexual_with_minor"] = round(float(min(t for t in np.arange(0.2, 0.951, 0.05) if t > worst)), 2)
+    return out
+
+
+def build(out_dir: Path, max_false: float = 0.0) -> dict:
+    from safetensors.numpy import save_file
+
+    rows = read()
+    leet = lists.load(("en",)).leet
+    features = Features()
+    x = matrix(rows, features, leet)
+    y = np.array([CLASSES.index(r["cat"]) for r in rows])
+    model = fit(x, y)
+    from safety.config import PolicyConfig
+    from safety.policy.engine import PromptPolicy
+
+    lists_only = PromptPolicy.load(PolicyConfig(learned=False))
+    minors = np.array([bool(lists_only.find(r["prompt"]).kinds.get("sexual_minors", {}).get("minors")) for r in rows])
+    w = model.coef_.T  # features x classes
+    seen = np.unique(x.indices)
+    save_file({"index": seen.astype(np.int32), "weight": w[seen].astype(np.float16),
+               "bias": model.intercept_.astype(np.float32)}, str(out_dir / WEIGHTS))
+    card = {
+        "version": data_digest()[7:15],
+        "classes": [CLASSES[i] for i in model.classes_],
+        "thresholds": thresholds(x, y, max_false, minors),
+        "features": {"bits": features.bits, "char_min": features.char_min, "char_max": features.char_max},
+        "trained_on": {"digest": data_digest(), "prompts": len(rows),
+                       "by_class": {c: int((y == i).sum()) for i, c in enumerate(CLASSES)},
+                       "languages": sorted({r["lang"] for r in rows})},
+        "settings": {"C": C, "max_false": max_false, "solver": "lbfgs"},
+    }
+    (out_dir / CARD).write_text(json.dumps(card, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return card
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-false", type=float, default=0.0, help="benign training prompts a threshold may refuse")
+    p.add_argument("--out", default=str(lists.shipped_dir()))
+    args = p.parse_args(argv)
+    card = build(Path(args.out), args.max_false)
+    print(json.dumps({k: card[k] for k in ("thresholds", "trained_on")}, indent=1))
+    print("now bump `version` in safety/policy/lists/policy.toml and set its digest", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
