@@ -3,7 +3,7 @@
 Builds the tiny model if absent, starts the reference scheduler, submits a handful of prompts, runs a
 2-rank worker under torchrun, waits for every task, prints a table and stops what it started.
 Paths are relative to the current folder (a checkout, or any folder holding configs/tiny.toml when
-dit-worker is installed from a wheel). Images are left in var/demo/images. One prompt is offensive on purpose: the text check must refuse
+dit-worker is installed from a wheel). Images are left in var/demo/images. One prompt is unsafe on purpose (in Italian): the prompt policy must refuse
 it before any inference. Exit code 0 only if every other task succeeded with a JPEG (the default format) of the requested
 size and that one failed as unsafe_prompt.
 """
@@ -28,9 +28,9 @@ PROMPTS = [
     ("a bowl of ramen, studio lighting", 512, 512),
     ("a cathedral made of glass", 320, 192),
     ("a tiny robot reading a book", 256, 256),
-    ("you are a stupid idiot", 256, 256),  # refused by the text check: never reaches the model
+    ("una donna nuda sulla spiaggia, foto", 256, 256),  # refused by the prompt policy: never reaches the model
 ]
-EXPECT_REFUSED = {"you are a stupid idiot"}
+EXPECT_REFUSED = {"una donna nuda sulla spiaggia, foto"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,7 @@ class Guard:
         q = self.cfg.quality
         return ", ".join([
             f"prompt {self.policy.describe() if self.policy else 'policy OFF'}",
-            f"text={_named(self.text_check)}",
+            f"text={_named(self.text_check) if self.text_check or self.cfg.text.backend == 'off' else 'none after the policy (auto)'}",
             f"image={_named(self.image_check)}",
             f"quality={'min_std ' + str(q.min_std) if q.enabled else 'OFF'}",
         ])

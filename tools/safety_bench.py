@@ -111,6 +111,16 @@ def run(device: str, repeats: int, sizes: list[tuple[int, int]], work: Path) -> 
             {"check": "quality", "size": f"{w}x{h}", "per": "image",
              **timed(lambda: inspect(img, 0, quality.min_std), repeats)},
         ]
+    # The embedded default's whole prompt check (configs/tiny.toml: text backend auto without a
+    # detoxify checkpoint): the policy's lists and learned layer through the guard, prompt by prompt.
+    from safety.config import TextCheckConfig
+    from safety.policy.engine import PromptPolicy
+
+    embedded = SafetyConfig(text=TextCheckConfig(backend="auto"))
+    guard = Guard(embedded, None, None, PromptPolicy.load(embedded.text.policy))
+    prompts = iter(BURST * (repeats + 10))
+    rows.append({"check": "text: the embedded default's whole prompt check (policy: lists + learned layer)",
+                 "per": "prompt", **timed(lambda: guard.screen_prompt(next(prompts)), repeats)})
     # What the guard's timeout thread adds to a call, side by side with the bare call.
     guard = Guard(SafetyConfig(), profanity, None)
     bare, bounded = timed(lambda: profanity.check([PROMPT]), repeats), timed(lambda: guard.screen_prompt(PROMPT), repeats)

@@ -22,7 +22,7 @@ def config(**sections) -> SafetyConfig:
 def test_load_runs_both_checks_and_describes_them(caplog):
     with caplog.at_level("INFO"):
         guard = Guard.load(config())
-    assert guard.describe().startswith(f"prompt policy {guard.policy_version} (en/fr/es/de: sexual_minors,")
+    assert guard.describe().startswith(f"prompt policy {guard.policy_version} (en/fr/es/de/it/pt/nl/pl/ru/uk/tr/ar/hi/ja/zh/ko/id/vi/sv: sexual_minors,")
     assert guard.describe().endswith("text=alt-profanity-check, image=test, quality=min_std 2.0")
     assert guard.text_check is not None and guard.image_check.calls == 1  # the self-test
     assert "safety checks: prompt policy" in caplog.text and guard.warnings == []

@@ -85,11 +85,11 @@ def test_auto_uses_detoxify_when_its_checkpoint_exists(detoxify_dir, offline):
     assert build_text_check(cfg).name == "detoxify"
 
 
-def test_auto_falls_back_to_the_shipped_classifier(tmp_path, caplog):
+def test_auto_without_a_detoxify_checkpoint_leaves_the_policy_alone(tmp_path, caplog):
     cfg = TextCheckConfig(backend="auto", detoxify=DetoxifyConfig(checkpoint=str(tmp_path / "none.ckpt")))
     with caplog.at_level("INFO"):
-        assert build_text_check(cfg).name == "alt-profanity-check"
-    assert "no detoxify checkpoint at" in caplog.text
+        assert build_text_check(cfg) is None
+    assert "the policy alone (lists and learned layer): no detoxify checkpoint at" in caplog.text
 
 
 def test_off_builds_nothing():
