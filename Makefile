@@ -13,7 +13,14 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install demo test docs policy-forms policy-model bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
-install: $(VENV)/.installed
+# The prompt policy's learned layer is built here, not shipped in git: trained from the labelled
+# prompts in safety/policy/training/ (about a minute on two cores), again whenever what it reads changes.
+POLICY_MODEL := safety/policy/lists/learned.safetensors
+install: $(VENV)/.installed $(POLICY_MODEL)
+
+$(POLICY_MODEL): $(VENV)/.installed tools/policy_train.py safety/policy/learned.py safety/policy/normalize.py \
+		safety/policy/lists/policy.toml $(wildcard safety/policy/training/*.jsonl safety/policy/lists/*.toml)
+	$(PY) -m tools.policy_train
 
 $(VENV)/.installed: pyproject.toml
 	@# The scheduler's tests run against a real PostgreSQL server (Debian's package).
@@ -60,13 +67,13 @@ test: install
 docs: install
 	$(PY) -m tools.config_doc
 
-# The prompt policy's built data, versioned with its lists (docs/safety.md#the-prompt-policy): the
-# inflected forms of the lists' words (simplemma), then the learned layer (the labelled prompts in
-# safety/policy/training/). Each rebuilds the same bytes; a test fails when either is stale.
+# The prompt policy's built data (docs/safety.md#the-prompt-policy): the inflected forms of the
+# lists' words (simplemma; committed), and the learned layer (built at install, above). Each rebuilds
+# the same bytes; a test fails when either is stale.
 policy-forms: install
 	$(PY) -m tools.policy_forms
 
-policy-model: install
+policy-model: $(VENV)/.installed
 	$(PY) -m tools.policy_train
 
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on

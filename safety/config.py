@@ -133,7 +133,7 @@ class PolicyConfig(Section):
 
 class TextCheckConfig(Section):
     # auto: detoxify when `detoxify.checkpoint` names a file that exists, otherwise none after the
-    # policy (its lists and learned layer ship in the wheel), with the choice logged at start.
+    # policy (its lists and learned layer are in the installed package), with the choice logged at start.
     backend: Literal["detoxify", "profanity", "guard-model", "auto", "custom", "off"] = Field(
         "detoxify", description="the prompt classifier run after the policy lists; guard-model: a Llama "
         "Guard style model; off: the lists alone")

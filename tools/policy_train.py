@@ -6,8 +6,9 @@ prompt), reads each prompt as the lists do (safety.policy.normalize), hashes its
 Each category's threshold is chosen on out-of-fold probabilities (5 folds, fixed split): the
 lowest that keeps the benign prompts of the training data refused at most `--max-false` of the
 time (none, by default); and a lower one for "sexual" beside a minor, the lowest that no benign
-training prompt naming a minor reaches. Writes learned.safetensors (weights of the features seen, float16) and learned.json (the
-card) next to the lists. The same data and settings give the same bytes.
+training prompt naming a minor reaches. Writes learned.safetensors (weights of the features seen,
+float16) and learned.json (the card, with the policy digest it was built for) next to the lists,
+where `make install` builds them. The same data and settings give the same bytes.
 
 Never give it the sets the policy is measured on (tests/safety/data/, held-out sets): the card
 records the digest of what it was trained on, and the tests check that no measured prompt is in it.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +121,7 @@ def build(out_dir: Path, max_false: float = 0.0) -> dict:
                "bias": model.intercept_.astype(np.float32)}, str(out_dir / WEIGHTS))
     card = {
         "version": data_digest()[7:15],
+        "policy_digest": lists.load(("en",)).digest,  # the manifest's: lists, forms and these prompts
         "classes": [CLASSES[i] for i in model.classes_],
         "thresholds": thresholds(x, y, max_false, minors),
         "features": {"bits": features.bits, "char_min": features.char_min, "char_max": features.char_max},
@@ -140,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     card = build(Path(args.out), args.max_false)
     print(json.dumps({k: card[k] for k in ("thresholds", "trained_on")}, indent=1))
-    print("now bump `version` in safety/policy/lists/policy.toml and set its digest", file=sys.stderr)
     return 0
 
 

@@ -111,7 +111,8 @@ class PromptPolicy:
             self._lemma_indices[code] = (_Index([e for e in lemmas if e.category == "exempt"]),
                                          _Index([e for e in lemmas if e.category != "exempt"]))
         self._languages = languages.identifier(tuple(lexicon.languages)) if lexicon.forms else None
-        self._learned = LearnedLayer.load(lists.shipped_dir(), cfg.learned_threshold) if cfg.learned else None
+        self._learned = (LearnedLayer.load(lists.shipped_dir(), lexicon.digest, cfg.learned_threshold)
+                         if cfg.learned else None)
         self._thresholds = _thresholds(lexicon, cfg)
 
     @classmethod

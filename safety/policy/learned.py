@@ -9,9 +9,9 @@ child refuses as sexual content involving a minor; a suicide-prevention context 
 "self_harm").
 
 The weights (safety/policy/lists/learned.safetensors) and their card (learned.json: classes,
-thresholds, feature settings, the digest of the training data) are built by `make policy-model`
-(tools/policy_train.py) from the labelled prompts in safety/policy/training/, the same bytes each
-time; tests/safety/policy/test_learned.py fails when they are stale. Scoring takes numpy and
+thresholds, feature settings, the policy digest it was built for) are built at install by `make
+policy-model` (tools/policy_train.py) from the labelled prompts in safety/policy/training/, the same
+bytes each time; they are not kept in git. A layer built for other lists or prompts stops start-up. Scoring takes numpy and
 zlib: about 0.1-0.3 ms a prompt.
 """
 
@@ -61,11 +61,14 @@ class LearnedLayer:
         self.version = version
 
     @classmethod
-    def load(cls, folder: Path, threshold: float | None = None) -> "LearnedLayer | None":
-        """None where no model is shipped; a model that cannot be read stops start-up."""
+    def load(cls, folder: Path, policy_digest: str, threshold: float | None = None) -> "LearnedLayer":
+        """The layer built for this version of the policy. Missing, unreadable or built for other
+        lists or training prompts, it stops start-up: a policy never runs without the layer it was
+        measured with unless the config says so (`learned = false`)."""
         card_path, weights_path = folder / CARD, folder / WEIGHTS
-        if not card_path.is_file():
-            return None
+        fix = "build it with `make policy-model` (`make install` does), or set safety.text.policy.learned = false"
+        if not card_path.is_file() or not weights_path.is_file():
+            raise SafetyLoadError(f"safety.text.policy.learned: no learned layer in {folder}: {fix}")
         from safetensors.numpy import load_file
 
         try:
@@ -75,8 +78,12 @@ class LearnedLayer:
             dense = np.zeros((1 << features.bits, len(card["classes"])), dtype=np.float32)
             dense[tensors["index"]] = tensors["weight"].astype(np.float32)
             thresholds = dict(card["thresholds"])
+            built_for = card["policy_digest"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SafetyLoadError(f"{weights_path}: cannot load the policy's learned layer: {e}") from e
+        if built_for != policy_digest:
+            raise SafetyLoadError(f"safety.text.policy.learned: the learned layer in {folder} was built for the "
+                                  f"policy {built_for}, not {policy_digest} (lists or training prompts changed): {fix}")
         if threshold is not None:
             thresholds = {c: threshold for c in thresholds}
         return cls(dense, tensors["bias"].astype(np.float32), list(card["classes"]), thresholds, features,

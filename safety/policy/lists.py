@@ -52,6 +52,7 @@ class Entry:
 @dataclass
 class Lexicon:
     version: str
+    digest: str
     categories: dict[str, Category]
     weights: dict[str, float]
     leet: dict[str, str]
@@ -73,9 +74,12 @@ def shipped_dir() -> Path:
 
 
 def digest(folder: Path) -> str:
-    """The content digest of the shipped lists (the manifest's own digest line left out)."""
+    """The content digest of the lists, their forms and the learned layer's training prompts (the
+    manifest's own digest line left out)."""
     h = hashlib.sha256()
-    for path in sorted(folder.glob("*.toml")) + sorted((folder / FORMS).glob("*.json")) + sorted(folder.glob("learned.*")):
+    # The learned layer is built from the training prompts: they are versioned, its build output is not.
+    training = sorted((folder.parent / "training").glob("*.jsonl"))
+    for path in sorted(folder.glob("*.toml")) + sorted((folder / FORMS).glob("*.json")) + training:
         data = path.read_bytes()
         if path.name == MANIFEST:
             data = _DIGEST_LINE.sub("", data.decode("utf-8")).encode()
@@ -127,7 +131,7 @@ def _lexicon(manifest: dict, where: Path) -> Lexicon:
             unknown = [p for combo in c.combine for p in combo if p not in SCORING + SETS and p not in cats]
             if unknown:
                 raise ValueError(f"categories.{c.name}.combine: {', '.join(unknown)} names no set or category")
-        return Lexicon(version=manifest["version"], categories=cats, weights=dict(manifest["weights"]),
+        return Lexicon(version=manifest["version"], digest=manifest["digest"], categories=cats, weights=dict(manifest["weights"]),
                        leet=dict(manifest["leet"]))
     except (KeyError, TypeError, ValueError) as e:
         raise SafetyLoadError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from e

@@ -1,6 +1,6 @@
-"""The policy's built data, versioned with its lists: the inflected forms (tools/policy_forms.py)
-and the learned layer (tools/policy_train.py). Each is rebuilt here and must equal what ships;
-the learned layer never saw a prompt of the sets the policy is measured on."""
+"""The policy's built data: the inflected forms (tools/policy_forms.py, committed with the lists)
+and the learned layer (tools/policy_train.py, built at install). Each is rebuilt here and must
+equal what is there; the learned layer never saw a prompt of the sets the policy is measured on."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from safety.config import PolicyConfig
 from safety.policy import lists
 from safety.policy.engine import PromptPolicy
 from safety.policy.learned import CARD, WEIGHTS, LearnedLayer
+from safety.verdicts import SafetyLoadError
 from tools import policy_forms, policy_train
 
 SHIPPED = lists.shipped_dir()
@@ -33,12 +34,25 @@ def test_the_inflected_forms_are_rebuilt_byte_for_byte(tmp_path):
 
 
 def test_the_learned_layer_is_rebuilt_byte_for_byte(tmp_path):
+    """`make install` built it (`make policy-model`) for this version of the lists and prompts; a
+    second build gives the same bytes."""
     card = json.loads((SHIPPED / CARD).read_text())
-    assert card["trained_on"]["digest"] == policy_train.data_digest(), (
-        "safety/policy/training/ changed: run `make policy-model` and bump the policy's version")
+    assert card["policy_digest"] == lists.load(("en",)).digest, "stale: `make policy-model`"
+    assert card["trained_on"]["digest"] == policy_train.data_digest()
     policy_train.build(tmp_path, card["settings"]["max_false"])
     for name in (CARD, WEIGHTS):
-        assert (tmp_path / name).read_bytes() == (SHIPPED / name).read_bytes(), f"{name} is stale: `make policy-model`"
+        assert (tmp_path / name).read_bytes() == (SHIPPED / name).read_bytes(), f"{name} is not reproducible"
+
+
+def test_a_missing_or_stale_learned_layer_stops_start_up(tmp_path):
+    digest = lists.load(("en",)).digest
+    with pytest.raises(SafetyLoadError, match=r"safety.text.policy.learned: no learned layer in .*make policy-model"):
+        LearnedLayer.load(tmp_path, digest)
+    for name in (CARD, WEIGHTS):
+        shutil.copy(SHIPPED / name, tmp_path / name)
+    assert LearnedLayer.load(tmp_path, digest).version
+    with pytest.raises(SafetyLoadError, match=r"built for the policy sha256:\w+, not sha256:0"):
+        LearnedLayer.load(tmp_path, "sha256:0")
 
 
 def test_no_measured_prompt_is_in_the_training_data():
@@ -61,7 +75,7 @@ def policy():
 
 
 def test_the_learned_layer_loads_and_scores(policy):
-    layer = LearnedLayer.load(SHIPPED)
+    layer = LearnedLayer.load(SHIPPED, policy.lexicon.digest)
     probs = layer.probabilities(["a", "lighthouse", "on", "a", "cliff", "at", "dawn"])
     assert abs(sum(probs.values()) - 1) < 1e-5 and max(probs, key=probs.get) == "benign"
     assert "learned layer" in policy.describe()
