@@ -53,9 +53,11 @@ class Guard:
 
     def describe(self) -> str:
         q = self.cfg.quality
+        auto_none = self.text_check is None and self.cfg.text.backend != "off"
+        text = "none after the policy (auto)" if auto_none else _named(self.text_check)
         return ", ".join([
             f"prompt {self.policy.describe() if self.policy else 'policy OFF'}",
-            f"text={_named(self.text_check) if self.text_check or self.cfg.text.backend == 'off' else 'none after the policy (auto)'}",
+            f"text={text}",
             f"image={_named(self.image_check)}",
             f"quality={'min_std ' + str(q.min_std) if q.enabled else 'OFF'}",
         ])

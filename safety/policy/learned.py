@@ -2,17 +2,15 @@
 
 A linear model over hashed features of the prompt as the lists read it (normalised, transliterated,
 leetspeak undone): its words, pairs of words, and the 3- to 5-letter pieces of each word, which
-carry inflections and compounds across languages. Six classes (benign and the five categories),
-softmax; a category whose probability reaches its threshold counts as one strong term of that
-category, so the lists' rules apply to it as to any term (a learned "sexual" beside a word for a
-child refuses as sexual content involving a minor; a suicide-prevention context cancels a learned
-"self_harm").
+carry inflections and compounds across languages. Softmax over benign and the categories the
+training prompts hold (sexual content with minors is the lists' rule, not a class here); how a
+probability counts in the policy is the engine's (PromptPolicy._learn).
 
 The weights (safety/policy/lists/learned.safetensors) and their card (learned.json: classes,
 thresholds, feature settings, the policy digest it was built for) are built at install by `make
 policy-model` (tools/policy_train.py) from the labelled prompts in safety/policy/training/, the same
-bytes each time; they are not kept in git. A layer built for other lists or prompts stops start-up. Scoring takes numpy and
-zlib: about 0.1-0.3 ms a prompt.
+bytes each time; they are not kept in git. A layer built for other lists or prompts stops start-up.
+Scoring takes numpy and zlib: about 0.1-0.3 ms a prompt.
 """
 
 from __future__ import annotations
@@ -97,8 +95,3 @@ class LearnedLayer:
         p = np.exp(logits - logits.max())
         p /= p.sum()
         return {c: float(v) for c, v in zip(self.classes, p)}
-
-    def over(self, words: list[str]) -> dict[str, float]:
-        """The categories whose probability reaches their threshold, with it."""
-        probs = self.probabilities(words)
-        return {c: p for c, p in probs.items() if c in self.thresholds and p >= self.thresholds[c]}

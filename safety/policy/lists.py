@@ -131,8 +131,8 @@ def _lexicon(manifest: dict, where: Path) -> Lexicon:
             unknown = [p for combo in c.combine for p in combo if p not in SCORING + SETS and p not in cats]
             if unknown:
                 raise ValueError(f"categories.{c.name}.combine: {', '.join(unknown)} names no set or category")
-        return Lexicon(version=manifest["version"], digest=manifest["digest"], categories=cats, weights=dict(manifest["weights"]),
-                       leet=dict(manifest["leet"]))
+        return Lexicon(version=manifest["version"], digest=manifest["digest"], categories=cats,
+                       weights=dict(manifest["weights"]), leet=dict(manifest["leet"]))
     except (KeyError, TypeError, ValueError) as e:
         raise SafetyLoadError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from e
 
