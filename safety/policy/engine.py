@@ -24,6 +24,7 @@ from safety.verdicts import SafetyLoadError, Verdict
 MINOR_AGE = 18
 LEARNED_MIN_WORDS = 4
 _PLAIN_WORDS = regex.compile(f"[a-z0-9]+|[{CJK}]")
+_DIGIT = re.compile(r"[0-9]")
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,8 @@ class PromptPolicy:
         return best
 
     def _minor_age(self, text: str) -> bool:
+        if not _DIGIT.search(text):  # every age pattern has its number in digits
+            return False
         plain = " ".join(_PLAIN_WORDS.findall(text))
         return any(int(m.group(1)) < MINOR_AGE for p in self.lexicon.ages for m in p.finditer(plain))
 
