@@ -25,6 +25,8 @@ MINOR_AGE = 18
 LEARNED_MIN_WORDS = 4
 _PLAIN_WORDS = regex.compile(f"[a-z0-9]+|[{CJK}]")
 _DIGIT = re.compile(r"[0-9]")
+# Words that join spelled tens and units ("treinta y cinco", "vingt et un", "vinte e cinco").
+_NUMBER_JOINS = frozenset({"and", "et", "y", "e", "i", "und", "en", "och", "va", "dan", "ve", "wa", "w"})
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ class PromptPolicy:
         self._learned = (LearnedLayer.load(lists.shipped_dir(), lexicon.digest, cfg.learned_threshold)
                          if cfg.learned else None)
         self._thresholds = _thresholds(lexicon, cfg)
+        self._number_starts = {k[0] for k in lexicon.numbers}
+        self._number_longest = max(map(len, lexicon.numbers), default=0)
 
     @classmethod
     def load(cls, cfg: PolicyConfig) -> "PromptPolicy":
@@ -236,10 +240,39 @@ class PromptPolicy:
                 break
         return best
 
+    def _digits(self, ws: list[str]) -> list[str]:
+        """The words with each spelled-out number the lists know replaced by its digits, longest
+        first: "dix sept ans" -> "17 ans". Tens then units are one number, a joining word between
+        them or not: "twenty five", "treinta y cinco", "vingt et un" are 25, 35, 21, never 5 or 1."""
+        numbers, out, i = self.lexicon.numbers, [], 0
+        tens_at = -1  # where in `out` the last spelled tens (20, 30, ... 90) went
+        while i < len(ws):
+            value, n = None, 1
+            if ws[i] in self._number_starts:
+                for n in range(min(self._number_longest, len(ws) - i), 0, -1):
+                    if (value := numbers.get(tuple(ws[i:i + n]))) is not None:
+                        break
+            if value is None:
+                out.append(ws[i])
+                if not (tens_at == len(out) - 2 and ws[i] in _NUMBER_JOINS):
+                    tens_at = -1
+            elif tens_at >= 0 and value < 10:
+                del out[tens_at + 1:]
+                out[tens_at] = str(int(out[tens_at]) + value)
+                tens_at = -1
+            else:
+                out.append(str(value))
+                tens_at = len(out) - 1 if value >= 20 and value % 10 == 0 and value < 100 else -1
+            i += n
+        return out
+
     def _minor_age(self, text: str) -> bool:
-        if not _DIGIT.search(text):  # every age pattern has its number in digits
+        plain_words = _PLAIN_WORDS.findall(text)
+        if self._number_starts:
+            plain_words = self._digits(plain_words)
+        plain = " ".join(plain_words)
+        if not _DIGIT.search(plain):  # every age pattern has its number in digits
             return False
-        plain = " ".join(_PLAIN_WORDS.findall(text))
         return any(int(m.group(1)) < MINOR_AGE for p in self.lexicon.ages for m in p.finditer(plain))
 
 

@@ -22,7 +22,7 @@ from safety.verdicts import SafetyLoadError
 # The kinds of entry a category section may hold, and what they add to its score.
 SCORING = ("strong", "contextual", "weak")
 SETS = ("minors", "groups", "attacks", "praise", "body", "injury")  # the sets `combine` rules read
-KINDS = SCORING + SETS + ("benign_context", "ages")
+KINDS = SCORING + SETS + ("benign_context", "ages", "numbers")
 MANIFEST = "policy.toml"
 FORMS = "forms"  # forms/<code>.json: inflected form -> lemma, built by `make policy-forms`
 _DIGEST_LINE = re.compile(r"^digest\s*=.*$", re.MULTILINE)
@@ -58,6 +58,8 @@ class Lexicon:
     leet: dict[str, str]
     entries: list[Entry] = field(default_factory=list)
     ages: list[re.Pattern] = field(default_factory=list)
+    # Spelled-out numbers, read as digits before the age patterns: "twelve year old", "十二岁".
+    numbers: dict[tuple[str, ...], int] = field(default_factory=dict)
     languages: tuple[str, ...] = ()
     forms: dict[str, dict[str, str]] = field(default_factory=dict)  # language -> a word's form -> its lemma
 
@@ -152,6 +154,8 @@ def _add(lex: Lexicon, data: dict, where: str, lang: str | None = None) -> None:
         for kind in body:
             if kind == "ages":
                 lex.ages.extend(_age_pattern(p, f"{where}: {section}.ages") for p in _strings(body, kind, where, section))
+            elif kind == "numbers":
+                _numbers(lex, body[kind], f"{where}: {section}.numbers")
             elif kind in KINDS:
                 _entries(lex, section, kind, body, where, lang)
             else:
@@ -169,6 +173,16 @@ def _add_forms(lex: Lexicon, code: str, path: Path) -> None:
     except (OSError, ValueError) as e:
         raise SafetyLoadError(f"{path}: cannot read the inflected forms: {e}") from e
     lex.forms[code] = table
+
+
+def _numbers(lex: Lexicon, table: object, where: str) -> None:
+    if not isinstance(table, dict):
+        raise SafetyLoadError(f"{where}: a table of spelled-out number = value is expected")
+    for raw, value in table.items():
+        ws = _entry_words(raw, tuple(sorted(lex.leet.items())))
+        if not ws or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 999:
+            raise SafetyLoadError(f"{where}.{raw!r}: a number written in words and a value from 0 to 999 is expected")
+        lex.numbers[ws] = value
 
 
 def _strings(body: dict, kind: str, where: str, section: str) -> list[str]:
