@@ -5,7 +5,7 @@ prompt), reads each prompt as the lists do (safety.policy.normalize), hashes its
 (safety.policy.learned.Features) and fits a multinomial logistic regression (scikit-learn, lbfgs).
 Each category's threshold is chosen on out-of-fold probabilities (5 folds, fixed split): the
 lowest that keeps the benign prompts of the training data refused at most `--max-false` of the
-time (none, by default); and a lower one for "sexual" beside a minor, the lowest that no benign
+time (one in a hundred, by default); and a lower one for "sexual" beside a minor, the lowest that no benign
 training prompt naming a minor reaches. Writes learned.safetensors (weights of the features seen,
 float16) and learned.json (the card, with the policy digest it was built for) next to the lists,
 where `make install` builds them. The same data and settings give the same bytes.
@@ -30,6 +30,14 @@ from safety.policy.normalize import native, split, to_ascii
 TRAINING = Path(__file__).resolve().parents[1] / "safety" / "policy" / "training"
 CLASSES = ["benign", "sexual_minors", "sexual", "violence", "hate", "self_harm"]
 C = 4.0  # inverse regularisation strength
+# Benign prompts weigh twice an unsafe one in the fit: with three unsafe prompts to each benign
+# one, style words ("aesthetic", "lofi") would otherwise lean to whichever category used them.
+BENIGN_WEIGHT = 2.0
+MAX_FALSE = 0.01  # the share of benign training prompts a threshold may refuse, out of fold
+# Where a category's threshold starts. Hate's false refusals out of fold are few, but on the
+# regression sets' benign prompts (heldout-1, heldout-2: a dog "dying of laughter", a pet rat) the
+# learned hate refused 5 in 110 at 0.5 and 2 at 0.6: chosen there, never on a set measured first.
+FLOOR = {"hate": 0.6}
 
 
 def read(folder: Path = TRAINING) -> list[dict]:
@@ -71,13 +79,16 @@ def matrix(rows: list[dict], features: Features, leet: dict[str, str]):
 def fit(x, y):
     from sklearn.linear_model import LogisticRegression
 
-    return LogisticRegression(C=C, max_iter=500, tol=1e-4, solver="lbfgs").fit(x, y)
+    weights = {i: BENIGN_WEIGHT if c == "benign" else 1.0 for i, c in enumerate(CLASSES)}
+    return LogisticRegression(C=C, max_iter=500, tol=1e-4, solver="lbfgs", class_weight=weights).fit(x, y)
 
 
-def thresholds(x, y, max_false: float, minors: np.ndarray) -> dict[str, float]:
-    """Per category, the lowest threshold (on a 0.05 grid from 0.5) at which at most `max_false`
-    of the benign training prompts reach it, judged out of fold; and `sexual_with_minor`, the
-    lowest (from 0.2) that no benign prompt naming a minor (by the lists) reaches in "sexual"."""
+def thresholds(x, y, max_false: float, minors: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+    """Per category, the lowest threshold (on a 0.05 grid from 0.5, or the category's FLOOR) at
+    which at most `max_false` of the benign training prompts reach it, judged out of fold;
+    `sexual_with_minor`, the lowest (from 0.2) that no benign prompt naming a minor (by the lists)
+    reaches in "sexual"; and `hate_with_group`, the lowest that no benign prompt naming a group
+    reaches in "hate"."""
     present = np.unique(y)
     folds = np.arange(len(y)) % 5
     probs = np.zeros((len(y), len(present)))
@@ -89,7 +100,7 @@ def thresholds(x, y, max_false: float, minors: np.ndarray) -> dict[str, float]:
     for col, c in enumerate(present):
         if c == 0:
             continue
-        for t in np.arange(0.5, 0.951, 0.05):
+        for t in np.arange(FLOOR.get(CLASSES[c], 0.5), 0.951, 0.05):
             if (probs[benign, col] >= t).mean() <= max_false:
                 out[CLASSES[c]] = round(float(t), 2)
                 break
@@ -98,10 +109,15 @@ def thresholds(x, y, max_false: float, minors: np.ndarray) -> dict[str, float]:
     col = list(present).index(CLASSES.index("sexual"))
     worst = probs[benign & minors, col].max(initial=0.0)
     out["sexual_with_minor"] = round(float(min(t for t in np.arange(0.2, 0.951, 0.05) if t > worst)), 2)
+    # A people named (Muslim, Jewish, Roma) is where the model mistakes a mention for an attack:
+    # there "hate" counts from the lowest threshold that no benign prompt naming one reaches.
+    col = list(present).index(CLASSES.index("hate"))
+    worst = probs[benign & groups, col].max(initial=0.0)
+    out["hate_with_group"] = round(float(min(t for t in np.arange(out["hate"], 1.0, 0.05) if t > worst)), 2)
     return out
 
 
-def build(out_dir: Path, max_false: float = 0.0) -> dict:
+def build(out_dir: Path, max_false: float = MAX_FALSE) -> dict:
     from safetensors.numpy import save_file
 
     rows = read()
@@ -114,7 +130,9 @@ def build(out_dir: Path, max_false: float = 0.0) -> dict:
     from safety.policy.engine import PromptPolicy
 
     lists_only = PromptPolicy.load(PolicyConfig(learned=False))
-    minors = np.array([bool(lists_only.find(r["prompt"]).kinds.get("sexual_minors", {}).get("minors")) for r in rows])
+    found = [lists_only.find(r["prompt"]).kinds for r in rows]
+    minors = np.array([bool(f.get("sexual_minors", {}).get("minors")) for f in found])
+    groups = np.array([bool(f.get("hate", {}).get("groups")) for f in found])
     w = model.coef_.T  # features x classes
     seen = np.unique(x.indices)
     save_file({"index": seen.astype(np.int32), "weight": w[seen].astype(np.float16),
@@ -123,12 +141,13 @@ def build(out_dir: Path, max_false: float = 0.0) -> dict:
         "version": data_digest()[7:15],
         "policy_digest": lists.load(("en",)).digest,  # the manifest's: lists, forms and these prompts
         "classes": [CLASSES[i] for i in model.classes_],
-        "thresholds": thresholds(x, y, max_false, minors),
+        "thresholds": thresholds(x, y, max_false, minors, groups),
         "features": {"bits": features.bits, "char_min": features.char_min, "char_max": features.char_max},
         "trained_on": {"digest": data_digest(), "prompts": len(rows),
                        "by_class": {c: int((y == i).sum()) for i, c in enumerate(CLASSES)},
                        "languages": sorted({r["lang"] for r in rows})},
-        "settings": {"C": C, "max_false": max_false, "solver": "lbfgs"},
+        "settings": {"C": C, "benign_weight": BENIGN_WEIGHT, "max_false": max_false, "floor": FLOOR,
+                     "solver": "lbfgs"},
     }
     (out_dir / CARD).write_text(json.dumps(card, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return card
@@ -136,7 +155,8 @@ def build(out_dir: Path, max_false: float = 0.0) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--max-false", type=float, default=0.0, help="benign training prompts a threshold may refuse")
+    p.add_argument("--max-false", type=float, default=MAX_FALSE, help="the share of benign training prompts a "
+                   "threshold may refuse, out of fold")
     p.add_argument("--out", default=str(lists.shipped_dir()))
     args = p.parse_args(argv)
     card = build(Path(args.out), args.max_false)

@@ -171,12 +171,15 @@ class PromptPolicy:
         there) when the model's probability reaches its threshold. It reads the words no exempt
         phrase hid ("Al Gore" is not gore); where the lists found a term, they decide (one weak
         term still passes). Fewer than `LEARNED_MIN_WORDS` words tell it too little: a style word
-        alone ("poster") leans on what the training prompts around it were."""
+        alone ("poster") leans on what the training prompts around it were. Beside a people the
+        lists name, "hate" counts from the card's higher `hate_with_group`: a Muslim family at Eid
+        is not an attack."""
         if len(words) < LEARNED_MIN_WORDS:
             return
         probs = self._learned.probabilities(words)
         limits = self._learned.thresholds
-        over = {c for c, p in probs.items() if p >= limits.get(c, 2.0)}
+        named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
+        over = {c for c, p in probs.items() if p >= limits.get(named.get(c, c), 2.0)}
         if kinds.get("sexual_minors", {}).get("minors") and probs.get("sexual", 0.0) >= limits.get("sexual_with_minor", 2.0):
             over.add("sexual")  # a minor is named: the minors rule comes first, as a weak listed term does
         for category in over:
