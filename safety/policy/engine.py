@@ -117,6 +117,7 @@ class PromptPolicy:
         self._learned = (LearnedLayer.load(lists.shipped_dir(), lexicon.digest, cfg.learned_threshold)
                          if cfg.learned else None)
         self._thresholds = _thresholds(lexicon, cfg)
+        self._ages = regex.compile("|".join(f"(?:{p.pattern})" for p in lexicon.ages) or r"(?!)")
         self._number_starts = {k[0] for k in lexicon.numbers}
         self._number_longest = max(map(len, lexicon.numbers), default=0)
 
@@ -276,7 +277,8 @@ class PromptPolicy:
         plain = " ".join(plain_words)
         if not _DIGIT.search(plain):  # every age pattern has its number in digits
             return False
-        return any(int(m.group(1)) < MINOR_AGE for p in self.lexicon.ages for m in p.finditer(plain))
+        # One pass for every pattern, overlapping matches included: each has its one number group.
+        return any(int(m.group(m.lastindex)) < MINOR_AGE for m in self._ages.finditer(plain, overlapped=True))
 
 
 def _thresholds(lexicon: Lexicon, cfg: PolicyConfig) -> dict[str, float]:
