@@ -310,7 +310,7 @@ def figures(rec: Record, fleet: Fleet) -> dict:
     horizon = rec.offer_started + fleet.seconds + fleet.grace_s
     completed = sum(1 for tid, at in rec.succeeded.items() if at <= horizon and tid in rec.sent_at)
     out = {"offered_per_s": round(offered / fleet.seconds, 1), "accepted_per_s": round(accepted / fleet.seconds, 1),
-           "completed": round(completed / offered, 4) if offered else 0.0,
+           "completed": round(completed / offered, 4) if offered else 0.0, "completed_tasks": completed,
            "succeeded_unanswered": sum(1 for tid in rec.succeeded if tid not in rec.sent_at),
            "refused_429": codes.count(429) + len(rec.retried), "never_admitted_429": codes.count(429),
            "timed_out": codes.count(-1), "other_errors": offered - accepted - codes.count(429) - codes.count(-1),
@@ -507,8 +507,8 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         rec = uvloop.run(fleet.run())
     finally:
         seconds = time.perf_counter() - t0
-        cores = {k: round((sum(sum(p.cpu_times()[:2]) for p in ps) - cpu0[k]) / seconds, 2)
-                 for k, ps in watched.items()}
+        cpu_s = {k: sum(sum(p.cpu_times()[:2]) for p in ps) - cpu0[k] for k, ps in watched.items()}
+        cores = {k: round(v / seconds, 2) for k, v in cpu_s.items()}
         cores["others (database)"] = round((_machine_cpu() - machine0) / seconds - sum(cores.values()), 2)
         prober.send_signal(signal.SIGTERM)
         prober.wait(10)
@@ -516,8 +516,13 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         stops = stop_all(procs)
         if pinned:
             pin(os.getpid(), everywhere)
+    row = figures(rec, fleet)
+    server = next(iter(cpu_s.values()))  # the scheduler processes (or the trivial server), all of them
+    # What a completed task cost the server's processes in CPU, everything it did included (refusals,
+    # heartbeats, the tasks still in flight at the end): the figure a cheaper call shows up in.
+    row["server_cpu_ms_per_task"] = round(server * 1e3 / row["completed_tasks"], 2) if row["completed_tasks"] else None
     return {"store": store, "processes": len(procs), "shape": shape, "gpus": gpus, "workers": fleet.workers,
-            "client_retries": fleet.client_retries, "together": fleet.together, **figures(rec, fleet),
+            "client_retries": fleet.client_retries, "together": fleet.together, **row,
             **livez_figures(probes), **lag, **stops, "cores": cores, **({"pinned": pinned} if pinned else {})}
 
 
@@ -576,7 +581,7 @@ def print_row(row: dict, label: str = "") -> None:
           + (f"  loop lag p99 <= {row['loop_lag_p99_le_s']} s, over 1 s {row['loop_lag_over_1s'] * 100:.1f}%"
              if "loop_lag_p99_le_s" in row else "")
           + f"  stop {row['stop_s']} s exit {row['exit_codes']}"
-          + f"  cores {row['cores']}", flush=True)
+          + f"  CPU/task {f(row['server_cpu_ms_per_task'])} ms  cores {row['cores']}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,7 @@ def test_a_short_run_on_the_trivial_server_and_sqlite_completes_what_it_offers(t
         assert row["succeeded_unanswered"] == 0  # no submit went unanswered
         assert 0 <= row["lease_p50_ms"] <= row["lease_p99_ms"] and row["submit_to_lease_p99_ms"] is not None
         assert row["livez_probes"] >= 2 and row["livez_missed"] == 0 and row["livez_max_ms"] <= 1000
+        assert row["completed_tasks"] > 0 and row["server_cpu_ms_per_task"] > 0  # the server did some work
     assert [rows["sqlite", s]["exit_codes"] for s in ("gpu", "node")] == [[0], [0]]  # SIGTERM: a clean exit
     assert max(rows["sqlite", s]["stop_s"][0] for s in ("gpu", "node")) < 10  # within server.shutdown_s
     assert "trivial" in capsys.readouterr().out
@@ -61,7 +62,8 @@ def test_completed_counts_answered_tasks_that_succeeded_within_the_one_horizon()
     # a: in time; b: after the horizon (a hung submit kept the run going); d: its client timed out
     rec.succeeded = {"a": horizon - 1, "b": horizon + 1, "d": horizon - 1}
     out = fleet_bench.figures(rec, fleet)
-    assert out["completed"] == 0.25 and out["succeeded_unanswered"] == 1 and out["timed_out"] == 1
+    assert out["completed"] == 0.25 and out["completed_tasks"] == 1
+    assert out["succeeded_unanswered"] == 1 and out["timed_out"] == 1
 
 
 def test_pin_plans_a_core_for_each_server_and_the_rest_for_the_load_generator():
