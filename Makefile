@@ -38,6 +38,12 @@ $(VENV)/.installed: pyproject.toml
 	    (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus) || \
 	    sudo apt-get install -y -q --no-install-recommends prometheus); } || \
 	  echo "warning: Prometheus is not installed; the monitoring tests will fail"
+	@# systemd-analyze verifies the shipped systemd units in the tests.
+	@command -v systemd-analyze >/dev/null || \
+	  { command -v apt-get >/dev/null && (apt-get install -y -q --no-install-recommends systemd || \
+	    (apt-get update -q && apt-get install -y -q --no-install-recommends systemd) || \
+	    sudo apt-get install -y -q --no-install-recommends systemd); } || \
+	  echo "warning: systemd-analyze is not installed; the systemd unit tests will fail"
 	$(PYTHON) -m venv $(VENV)
 	@# The pip a venv starts with is as old as its Python (23.2 with 3.11): a newer one resolves the
 	@# same set in a third less time here (it matches wheel tags against a set, not a list).
