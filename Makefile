@@ -14,12 +14,13 @@ unexport PYTHONDONTWRITEBYTECODE
 .PHONY: install demo test docs policy-forms policy-model bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
 # The prompt policy's learned layer is built here, not shipped in git: trained from the labelled
-# prompts in safety/policy/training/ (about a minute on two cores), again whenever what it reads changes.
+# prompts in safety/policy/training/ (about a minute and a half on two cores), again whenever what it reads changes.
 POLICY_MODEL := safety/policy/lists/learned.safetensors
 install: $(VENV)/.installed $(POLICY_MODEL)
 
 $(POLICY_MODEL): $(VENV)/.installed tools/policy_train.py safety/policy/learned.py safety/policy/normalize.py \
-		safety/policy/lists/policy.toml $(wildcard safety/policy/training/*.jsonl safety/policy/lists/*.toml)
+		safety/policy/engine.py safety/policy/lists.py safety/policy/lists/policy.toml \
+		$(wildcard safety/policy/training/*.jsonl safety/policy/lists/*.toml safety/policy/lists/forms/*.json)
 	$(PY) -m tools.policy_train
 
 $(VENV)/.installed: pyproject.toml

@@ -108,13 +108,19 @@ def thresholds(x, y, max_false: float, minors: np.ndarray, groups: np.ndarray) -
             out[CLASSES[c]] = 0.95
     col = list(present).index(CLASSES.index("sexual"))
     worst = probs[benign & minors, col].max(initial=0.0)
-    out["sexual_with_minor"] = round(float(min(t for t in np.arange(0.2, 0.951, 0.05) if t > worst)), 2)
+    out["sexual_with_minor"] = _above(worst, 0.2)
     # A people named (Muslim, Jewish, Roma) is where the model mistakes a mention for an attack:
     # there "hate" counts from the lowest threshold that no benign prompt naming one reaches.
     col = list(present).index(CLASSES.index("hate"))
     worst = probs[benign & groups, col].max(initial=0.0)
-    out["hate_with_group"] = round(float(min(t for t in np.arange(out["hate"], 1.0, 0.05) if t > worst)), 2)
+    out["hate_with_group"] = _above(worst, out["hate"])
     return out
+
+
+def _above(worst: float, start: float) -> float:
+    """The lowest threshold on the 0.05 grid from `start` that `worst` stays under; 1.0 (never
+    reached) when even 0.95 is not enough."""
+    return round(float(min((t for t in np.arange(start, 0.951, 0.05) if t > worst), default=1.0)), 2)
 
 
 def build(out_dir: Path, max_false: float = MAX_FALSE) -> dict:
