@@ -76,16 +76,16 @@ class HeartbeatThread(threading.Thread):
                          safety_policy=self._state.safety_policy, models=self._state.models)
 
     def beat(self) -> None:
-        hb = self.message()
+        hb, worker_id = self.message(), self.worker_id
         try:
             # Retries stay within one interval so beats never pile up behind each other, and end
             # when the thread is stopped: a stopped worker's client may be closed under them.
-            reply = self._client.heartbeat(self.worker_id, hb, deadline_s=self._interval, interrupt=self._halt)
+            reply = self._client.heartbeat(worker_id, hb, deadline_s=self._interval, interrupt=self._halt)
         except Interrupted:
             log.debug("heartbeat retries stopped with the thread")
         except NotFound:
-            log.error("scheduler does not know worker %s; re-registering", self.worker_id)
-            self._state.worker_unknown.set()
+            log.error("scheduler does not know worker %s; re-registering", worker_id)
+            self._state.forgotten(worker_id)
         except AuthError as e:
             self._ledger.counters.add(Counter.HEARTBEAT_FAILURES)
             log.error("heartbeat refused: %s", e)

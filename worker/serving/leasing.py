@@ -40,12 +40,13 @@ class Leaser:
                                          self._cfg.idle_backoff_max_s),
                             sleep=self._stop.wait, stop=lambda _: self._stop.is_set(),
                             before_sleep=_log_backoff, reraise=True)
+        worker_id = self._registration.worker_id
         try:
             models = self._state.models  # what it holds right now: the scheduler routes by it
-            leases = retrying(self._client.lease, self._registration.worker_id, min(n, self._cfg.max_tasks),
+            leases = retrying(self._client.lease, worker_id, min(n, self._cfg.max_tasks),
                               self._cfg.lease_wait_s, models.resident if models else None)
         except NotFound:
-            self._state.worker_unknown.set()
+            self._state.forgotten(worker_id)
             return []
         except AuthError as e:
             raise FatalQueueError(str(e)) from e

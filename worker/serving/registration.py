@@ -55,9 +55,8 @@ class Registration:
         self._register(interrupt)
 
     def ensure(self) -> None:
-        """Registers again if the heartbeat or a lease call found the worker unknown."""
-        if self._state.worker_unknown.is_set():
-            self._state.worker_unknown.clear()
+        """Registers again if the heartbeat or a lease call found this registration unknown."""
+        if self._state.take_forgotten(self.worker_id):
             self._register()
 
     def close(self) -> None:

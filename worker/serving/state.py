@@ -1,6 +1,6 @@
 """What rank 0 says about itself, shared by the serve loop, the post pool, the heartbeat, the
 watchdog and the operator endpoint: its status, when the serve loop last made progress, whether
-storage is failing, and the events that wake the heartbeat or make the serve loop register again.
+storage is failing, the event that wakes the heartbeat, and whether the scheduler forgot the worker.
 The tasks it holds and its counters are the ledger's (worker.serving.ledger)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class WorkerState:
         self._models: WorkerModels | None = None  # what it holds and can load (worker.serving.swapping)
         self._grace_until = float("-inf")
         self.changed = threading.Event()  # the status changed: the heartbeat says so at once
-        self.worker_unknown = threading.Event()  # scheduler forgot us: the serve loop re-registers
+        self._forgotten: set[str] = set()  # worker ids the scheduler said it does not know
 
     def set_status(self, status: WorkerStatus) -> None:
         with self._lock:
@@ -48,6 +48,21 @@ class WorkerState:
     def models(self) -> WorkerModels | None:
         with self._lock:
             return self._models
+
+    # ------------------------------------------------------------ registration
+
+    def forgotten(self, worker_id: str) -> None:
+        """The scheduler answered a call made as `worker_id` with "unknown worker"."""
+        with self._lock:
+            self._forgotten.add(worker_id)
+
+    def take_forgotten(self, worker_id: str) -> bool:
+        """Whether the scheduler forgot `worker_id`, the current registration (the serve loop then
+        registers again). A late answer to a call made under an earlier registration says nothing
+        of this one: acted on, it made a second registration that nothing used, left to be lost."""
+        with self._lock:
+            forgotten, self._forgotten = worker_id in self._forgotten, set()
+            return forgotten
 
     # ------------------------------------------------------------ serve loop progress
 

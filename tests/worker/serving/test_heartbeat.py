@@ -96,7 +96,7 @@ def test_unknown_worker_asks_for_registration(queue):
     _, client = queue
     state = WorkerState()
     HeartbeatThread(client, "w-nobody", state, Ledger(), interval_s=60).beat()
-    assert state.worker_unknown.is_set()
+    assert state.take_forgotten("w-nobody")
 
 
 def test_a_task_past_its_stage_deadline_is_no_longer_renewed(queue):

@@ -70,3 +70,23 @@ def test_leaving_after_a_drain_is_shown_drained_never_lost(queue):
     wait_until(lambda: statuses(url)[silent.worker_id] == "lost", 15, "the silent worker lost")
     assert statuses(url)[reg.worker_id] == "drained"
 
+
+
+def test_only_an_unknown_answer_for_the_current_registration_registers_again(queue):
+    # A heartbeat or lease sent under an earlier registration can be answered "unknown worker" after the
+    # worker registered again: registering once more for it left a second registration nothing used.
+    url, client = queue
+    state = WorkerState()
+    reg = Registration(client, state, Ledger(), 60, world_size=1, model="m", limits=advertised(LIMITS))
+    reg.register(DEVICES)
+    try:
+        first = reg.worker_id
+        state.forgotten(first)
+        reg.ensure()
+        second = reg.worker_id
+        assert second != first
+        state.forgotten(first)  # the late answer to a call made as the first registration
+        reg.ensure()
+        assert reg.worker_id == second and set(statuses(url)) == {first, second}
+    finally:
+        reg.close()
