@@ -59,11 +59,12 @@ def forms_for(code: str, vocabulary: set[str]) -> dict[str, str]:
     from simplemma.strategies.dictionaries import DefaultDictionaryFactory
 
     table = DefaultDictionaryFactory(cache_max_size=1).get_dictionary(code)
-    by_lemma: dict[str, set[str]] = defaultdict(set)
-    for form, lemma in table.items():
-        by_lemma[lemma.lower()].add(form.lower())
     wanted = {table.get(w, w).lower() for w in vocabulary} | {
         table.get(w.capitalize(), w).lower() for w in vocabulary}  # German nouns are capitalised
+    by_lemma: dict[str, set[str]] = defaultdict(set)  # the forms of the wanted lemmas only
+    for form, lemma in table.items():
+        if (lemma := lemma.lower()) in wanted:
+            by_lemma[lemma].add(form.lower())
     out: dict[str, str] = {}
     for lemma in sorted(wanted):
         forms = by_lemma.get(lemma, set())
