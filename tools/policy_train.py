@@ -27,7 +27,12 @@ from safety.policy import lists
 from safety.policy.learned import CARD, WEIGHTS, Features
 from safety.policy.normalize import native, split, to_ascii
 
-TRAINING = Path(__file__).resolve().parents[1] / "safety" / "policy" / "training"
+REPO = Path(__file__).resolve().parents[1]
+TRAINING = REPO / "safety" / "policy" / "training"
+# The code that shapes the bytes (the Makefile rebuilds when one changes; the card records their
+# digest, and the tests compare it with the checkout's). The lists and forms are in the policy digest.
+SOURCES = ("tools/policy_train.py", "safety/policy/learned.py", "safety/policy/normalize.py",
+           "safety/policy/engine.py", "safety/policy/lists.py")
 CLASSES = ["benign", "sexual_minors", "sexual", "violence", "hate", "self_harm"]
 C = 4.0  # inverse regularisation strength
 # Benign prompts weigh twice an unsafe one in the fit: with three unsafe prompts to each benign
@@ -56,6 +61,13 @@ def data_digest(folder: Path = TRAINING) -> str:
     h = hashlib.sha256()
     for path in sorted(folder.glob("*.jsonl")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def code_digest() -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update(name.encode() + b"\0" + (REPO / name).read_bytes() + b"\0")
     return "sha256:" + h.hexdigest()[:16]
 
 
@@ -123,10 +135,10 @@ def _above(worst: float, start: float) -> float:
     return round(float(min((t for t in np.arange(start, 0.951, 0.05) if t > worst), default=1.0)), 2)
 
 
-def build(out_dir: Path, max_false: float = MAX_FALSE) -> dict:
+def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING) -> dict:
     from safetensors.numpy import save_file
 
-    rows = read()
+    rows = read(folder)
     leet = lists.load(("en",)).leet
     features = Features()
     x = matrix(rows, features, leet)
@@ -144,12 +156,13 @@ def build(out_dir: Path, max_false: float = MAX_FALSE) -> dict:
     save_file({"index": seen.astype(np.int32), "weight": w[seen].astype(np.float16),
                "bias": model.intercept_.astype(np.float32)}, str(out_dir / WEIGHTS))
     card = {
-        "version": data_digest()[7:15],
+        "version": data_digest(folder)[7:15],
         "policy_digest": lists.load(("en",)).digest,  # the manifest's: lists, forms and these prompts
         "classes": [CLASSES[i] for i in model.classes_],
         "thresholds": thresholds(x, y, max_false, minors, groups),
         "features": {"bits": features.bits, "char_min": features.char_min, "char_max": features.char_max},
-        "trained_on": {"digest": data_digest(), "prompts": len(rows),
+        "built_by": code_digest(),
+        "trained_on": {"digest": data_digest(folder), "prompts": len(rows),
                        "by_class": {c: int((y == i).sum()) for i, c in enumerate(CLASSES)},
                        "languages": sorted({r["lang"] for r in rows})},
         "settings": {"C": C, "benign_weight": BENIGN_WEIGHT, "max_false": max_false, "floor": FLOOR,
@@ -164,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-false", type=float, default=MAX_FALSE, help="the share of benign training prompts a "
                    "threshold may refuse, out of fold")
     p.add_argument("--out", default=str(lists.shipped_dir()))
+    p.add_argument("--training", default=str(TRAINING), help="the folder of labelled prompts (*.jsonl)")
     args = p.parse_args(argv)
-    card = build(Path(args.out), args.max_false)
+    card = build(Path(args.out), args.max_false, Path(args.training))
     print(json.dumps({k: card[k] for k in ("thresholds", "trained_on")}, indent=1))
     return 0
 

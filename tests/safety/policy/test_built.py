@@ -1,11 +1,15 @@
 """The policy's built data: the inflected forms (tools/policy_forms.py, committed with the lists)
-and the learned layer (tools/policy_train.py, built at install). Each is rebuilt here and must
-equal what is there; the learned layer never saw a prompt of the sets the policy is measured on."""
+and the learned layer (tools/policy_train.py, built at install). The forms are rebuilt here and must
+equal what is there; the learned layer's card must name the prompts, lists and code of the checkout,
+and a build must give the same bytes in any process. It never saw a prompt of the measured sets."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,33 +19,60 @@ from safety.policy import lists
 from safety.policy.engine import PromptPolicy
 from safety.policy.learned import CARD, WEIGHTS, LearnedLayer
 from safety.verdicts import SafetyLoadError
+from launch.local import REPO
 from tools import policy_forms, policy_train
 
 SHIPPED = lists.shipped_dir()
 MEASURED = Path(__file__).resolve().parents[1] / "data"
 
 
-def test_the_inflected_forms_are_rebuilt_byte_for_byte(tmp_path):
-    """`make policy-forms` after a list changes: simplemma's dictionaries read again."""
+LANGUAGES = {p.stem for p in SHIPPED.glob("*.toml") if p.name != lists.MANIFEST}
+FORMED = sorted(LANGUAGES & policy_forms.supported())  # the lists simplemma has a dictionary for
+
+
+def test_every_list_that_simplemma_can_read_has_its_forms():
+    assert sorted(p.stem for p in (SHIPPED / lists.FORMS).glob("*.json")) == FORMED
+
+
+@pytest.mark.parametrize("code", FORMED)
+def test_the_inflected_forms_are_rebuilt_byte_for_byte(tmp_path, code):
+    """`make policy-forms` after a list changes: simplemma's dictionaries read again (a language
+    a test, so that the quick tier's workers share them)."""
     for path in SHIPPED.glob("*.toml"):
         shutil.copy(path, tmp_path / path.name)
-    policy_forms.build(tmp_path)
-    built = {p.name: p.read_bytes() for p in (tmp_path / lists.FORMS).glob("*.json")}
-    shipped = {p.name: p.read_bytes() for p in (SHIPPED / lists.FORMS).glob("*.json")}
-    assert built.keys() == shipped.keys()
-    stale = [name for name in built if built[name] != shipped[name]]
-    assert not stale, f"stale: {stale}; run `make policy-forms` and bump the policy's version"
+    policy_forms.build(tmp_path, [code])
+    built = (tmp_path / lists.FORMS / f"{code}.json").read_bytes()
+    assert built == (SHIPPED / lists.FORMS / f"{code}.json").read_bytes(), \
+        f"stale: {code}; run `make policy-forms` and bump the policy's version"
 
 
-def test_the_learned_layer_is_rebuilt_byte_for_byte(tmp_path):
-    """`make install` built it (`make policy-model`) for this version of the lists and prompts; a
-    second build gives the same bytes."""
+def test_the_learned_layer_was_built_from_these_prompts_lists_and_code():
+    """`make install` built it (`make policy-model`) from what the checkout holds now."""
     card = json.loads((SHIPPED / CARD).read_text())
-    assert card["policy_digest"] == lists.load(("en",)).digest, "stale: `make policy-model`"
-    assert card["trained_on"]["digest"] == policy_train.data_digest()
-    policy_train.build(tmp_path, card["settings"]["max_false"])
+    assert card["policy_digest"] == lists.load(("en",)).digest, "stale lists: `make policy-model`"
+    assert card["trained_on"]["digest"] == policy_train.data_digest(), "stale prompts: `make policy-model`"
+    assert card["built_by"] == policy_train.code_digest(), "stale code: `make policy-model`"
+
+
+@pytest.mark.integration
+def test_a_build_gives_the_same_bytes_in_another_process(tmp_path):
+    """What makes the digests above enough: the same prompts, lists and code give the same bytes,
+    whatever the process (its hash seed included). On a fortieth of the prompts every step still runs
+    (features, five folds, thresholds, the final fit); the whole build is the minute and a half that
+    `make install` spends once."""
+    sample = tmp_path / "training"
+    sample.mkdir()
+    for path in sorted(policy_train.TRAINING.glob("*.jsonl")):
+        kept = [line for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()) if n % 40 == 0]
+        (sample / path.name).write_text("\n".join(kept) + "\n", encoding="utf-8")
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    policy_train.build(here, folder=sample)
+    subprocess.run([sys.executable, "-m", "tools.policy_train", "--out", str(there), "--training", str(sample)],
+                   cwd=REPO, check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "PYTHONHASHSEED": "12345"})
     for name in (CARD, WEIGHTS):
-        assert (tmp_path / name).read_bytes() == (SHIPPED / name).read_bytes(), f"{name} is not reproducible"
+        assert (here / name).read_bytes() == (there / name).read_bytes(), f"{name} is not reproducible"
 
 
 def test_a_missing_or_stale_learned_layer_stops_start_up(tmp_path):
