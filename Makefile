@@ -11,7 +11,7 @@ BENCH_OUT ?= var/bench
 # and diffusers from source again. It goes to .venv and to __pycache__ folders git ignores.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo test docs policy-forms policy-model bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
+.PHONY: install demo test test-quick docs policy-forms policy-model bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
 # The prompt policy's learned layer is built here, not shipped in git: trained from the labelled
 # prompts in safety/policy/training/ (about a minute and a half on two cores), again whenever what it reads changes.
@@ -69,6 +69,12 @@ TEST_SIZE ?= full
 test: install
 	$(VENV)/bin/lint-imports --no-cache
 	DIT_TEST_SIZE=$(TEST_SIZE) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The quick tier for the inner loop: the tests that run inside pytest's process, none that starts a
+# process or a server (tests/tiers.py says how that is kept true). Two workers, one per core.
+test-quick: install
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m pytest -q -n 2 --tier quick
 
 # docs/config.md from the settings trees (a test fails when it is stale).
 docs: install

@@ -11,6 +11,8 @@ import pytest
 
 from tests.harness import Stack
 
+pytest_plugins = ["tests.tiers", "pytester"]  # the quick tier and its guard; pytester for its test
+
 
 def pytest_configure(config):
     """The processes the tests start get what a plain machine gives them, whatever the runner set.
@@ -37,8 +39,17 @@ LONGEST_FIRST = ("e2e/test_recovery.py", "tools/test_wheelhouse_install.py", "e2
                  "e2e/test_gcs.py", "tools/test_bench.py", "scheduler/test_schema_fuzz.py")
 
 
+# Fixtures that start processes or servers: a test that uses one is in the integration tier
+# (tests/tiers.py), wherever it is; tests that start their own are marked in their files.
+PROCESS_FIXTURES = {"stack", "make_stack", "postgres", "server", "emulator", "compiled_once", "compile_in_a_new_process"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before tests/tiers.py picks the quick tier by these marks
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
     def rank(item) -> int:
         name = item.path.relative_to(tests).as_posix()

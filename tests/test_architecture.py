@@ -26,6 +26,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(lint), "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_the_contracts_hold():
     proc = lint_imports(REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -46,6 +47,7 @@ def test_the_contracts_hold():
     ("scheduler/store/tasks.py", "import scheduler.api.errors\n",
      "Scheduler layers"),
 ])
+@pytest.mark.integration
 def test_a_forbidden_import_is_refused(tmp_path, module, source, broken):
     for name in PACKAGES:
         shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))

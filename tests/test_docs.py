@@ -77,6 +77,7 @@ TRACKER = "iss" + "ue"
 SPOKEN = rf"the {TRACKER}|{TRACKER} [0-9]+"
 
 
+@pytest.mark.integration
 def test_the_project_speaks_of_itself_not_of_its_tracker():
     found = subprocess.run(["git", "grep", "-n", "-i", "-I", "-E", SPOKEN, "--", *SPOKEN_OF], cwd=REPO,
                            capture_output=True, text=True).stdout

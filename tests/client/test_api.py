@@ -195,6 +195,7 @@ def test_download_from_a_signed_url_sends_no_token(tmp_path):
         expired.download(task, tmp_path / "y.png")
 
 
+@pytest.mark.integration
 def test_download_from_gcs_with_the_official_client(tmp_path, monkeypatch):
     from protocol import TaskView
     from tests.harness import Emulator

@@ -22,6 +22,8 @@ from launch.local import free_port, start_scheduler, wait_until
 from protocol import QueueFigures, TaskView, WorkerView
 from tests.harness import Clock, register
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 DIT = str(Path(sys.executable).with_name("dit"))
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 TOP = "1000"  # the highest priority: what `serve` leases first is the test's own task

@@ -9,6 +9,8 @@ import pytest
 from launch.local import free_port, start_scheduler
 from tests.client.test_cli import dit
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):

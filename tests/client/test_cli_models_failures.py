@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.client.test_cli import dit
 from tests.client.test_cli_models import url  # noqa: F401 - the fixture: a scheduler serving two models
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 
 def test_a_model_the_fleet_does_not_serve_is_refused_naming_it(url):

@@ -5,9 +5,12 @@ serving. Cancelling a finished task answers 409 and changes nothing."""
 from __future__ import annotations
 
 import psutil
+import pytest
 
 from launch.local import wait_until
 from tests.harness import rank_pid, ready_worker, run, settled_worker
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 
 def test_cancel_while_queued_leased_and_generating(stack):

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import httpx
 from PIL import Image
+import pytest
 
 from client import Client
 from tests.harness import ready_worker
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 DIT = str(Path(sys.executable).with_name("dit"))
 

@@ -10,9 +10,12 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from launch.local import wait_until
 from tests.harness import Emulator, HangingProxy, rank_pid, ready_worker, run
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 BUCKET = "hangs"
 HEARTBEAT_S = 1.0  # the test stack's heartbeat interval

@@ -13,6 +13,8 @@ from PIL import Image
 from launch.local import wait_until
 from tests.harness import Emulator, Stack, ready_worker
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 BUCKET = "results"
 
 

@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from launch.local import REPO, free_port, messages, wait_until
 from tests.harness import TINY_CONFIG, rank_pid, ready_worker, run
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 FINAL = ("succeeded", "failed", "cancelled")
 

@@ -12,6 +12,8 @@ import pytest
 from launch.local import wait_until
 from tests.harness import Stack, ready_worker
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 MODELS = ["tiny-flux", "tiny-pixart", "broken"]
 SMALL = {"width": 64, "height": 64, "steps": 2}
 

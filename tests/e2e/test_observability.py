@@ -7,9 +7,12 @@ import subprocess
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+import pytest
 
 from launch.local import wait_until
 from tests.harness import Prometheus, Stack, ready_worker, settled_worker
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:

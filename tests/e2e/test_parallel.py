@@ -21,6 +21,8 @@ from worker.storage.encode import encode_image
 from worker.model.engine import Engine
 from worker.model.job import Job
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 @pytest.fixture(scope="module")
 def reference(tiny_model):

@@ -6,9 +6,12 @@ import re
 import time
 
 import psutil
+import pytest
 
 from launch.local import wait_until
 from tests.harness import rank_pid, ready_worker
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 
 def test_task_of_a_killed_worker_is_completed_once_by_a_restarted_worker(make_stack):

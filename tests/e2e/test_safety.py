@@ -8,6 +8,8 @@ import pytest
 
 from tests.harness import Stack, run, settled_worker
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 OFFENSIVE = "fuck you, you piece of shit"
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from tests.harness import run, settled_worker
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 @pytest.fixture(scope="module")
 def solid_model(tmp_path_factory):

@@ -11,6 +11,8 @@ from PIL import Image
 
 from tests.harness import Stack, ready_worker, run
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model):

@@ -16,6 +16,8 @@ import pytest
 
 from tests.harness import Stack, ready_worker
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 CHROMIUM = "/usr/bin/chromium"
 # Chromium on a machine without internet: no background connections, no sandbox as root.
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -8,7 +8,11 @@ import signal
 import subprocess
 import tomllib
 
+import pytest
+
 from launch.local import REPO, wait_until
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 STUB = """#!/bin/bash
 # launch/node.sh's stand-in: records what it was given, drains for a second on SIGTERM, exits 0.

@@ -9,8 +9,11 @@ import subprocess
 from pathlib import Path
 
 import psutil
+import pytest
 
 from launch.local import wait_until
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,6 +10,8 @@ import pytest
 
 from launch.local import postgres_bin
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 def program(path: Path) -> Path:
     path.mkdir(parents=True)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "launch" / "systemd"
 

@@ -26,6 +26,8 @@ from worker.serving.ledger import Ledger
 from worker.serving.metrics import Metrics
 from worker.serving.state import WorkerState
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 PROM = REPO / "monitoring" / "prometheus"
 DASHBOARD = REPO / "monitoring" / "grafana" / "dit-fleet.json"
 

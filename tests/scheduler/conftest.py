@@ -12,6 +12,8 @@ from scheduler.store import SQLiteStore
 from tests.harness import Clock
 
 BACKENDS = ["sqlite", "postgres"]
+# A store on PostgreSQL needs its server, a process: the integration tier (tests/tiers.py).
+STORE_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)]
 
 
 @pytest.fixture
@@ -19,7 +21,7 @@ def clock():
     return Clock()
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=STORE_BACKENDS)
 def make_store(request, tmp_path, clock):
     made = []
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+
 import pytest
 
 from launch.local import free_port, start_scheduler
@@ -73,6 +74,7 @@ def authed(tmp_path, monkeypatch):
     proc.stop()
 
 
+@pytest.mark.integration
 def test_bearer_tokens_for_clients_and_workers(authed):
     def post(path, body, token=None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -9,9 +9,12 @@ import threading
 from collections import Counter, defaultdict
 
 import httpx
+import pytest
 
 from launch.local import free_port, start_scheduler
 from tests.harness import REG
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 TASKS, WORKERS = 2000, 50
 RESULT = {"content_type": "image/png", "width": 16, "height": 16, "seed": 7, "bytes": 10, "sha256": "00"}

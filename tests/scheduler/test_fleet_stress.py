@@ -27,6 +27,8 @@ import pytest
 from launch.local import free_port, start_scheduler
 from tests.harness import ci_size
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 WORKERS = 60 if ci_size() else 100
 RATE = 40.0 if ci_size() else 60.0  # tasks offered per second
 LOAD_S = 15.0

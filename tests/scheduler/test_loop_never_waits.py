@@ -19,7 +19,7 @@ import pytest
 
 from protocol import RegisterWorker, SubmitTask
 from scheduler.store import NotFound, SQLiteStore
-from tests.scheduler.conftest import BACKENDS
+from tests.scheduler.conftest import STORE_BACKENDS
 
 DEADLINE_S = 10.0
 REG = RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v")
@@ -41,7 +41,7 @@ WRITES = {
 }
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=STORE_BACKENDS)
 def make_store(request, tmp_path):
     """A fresh store per call, closed after the test only if its scenario finished: closing one whose
     loop hangs would wait for the hung group's lock too."""

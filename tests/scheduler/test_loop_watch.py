@@ -21,7 +21,7 @@ from launch.local import Proc, free_port, start_scheduler, wait_healthy, wait_un
 from scheduler.loop_watch import STALLED_EXIT, LoopWatch
 from scheduler.server import CUT_EXIT
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")]
 
 
 class Clock:

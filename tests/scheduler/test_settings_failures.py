@@ -100,6 +100,7 @@ def test_the_cli_refuses_in_one_line_before_touching_the_database(tmp_path, caps
     (["--lease-ttl", "-1"], "scheduler: (command line): store.lease_ttl_s: Input should be greater than 0 "
      "(from --lease-ttl)"),
 ])
+@pytest.mark.integration
 def test_python_m_scheduler_exits_2_with_one_line(tmp_path, argv, line):
     out = subprocess.run([sys.executable, "-m", "scheduler", "--db", str(tmp_path / "s.db"), *argv], cwd=REPO,
                          capture_output=True, text=True, timeout=60)

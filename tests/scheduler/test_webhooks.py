@@ -17,6 +17,8 @@ from launch.local import free_port, start_scheduler, wait_until
 from scheduler.webhooks import refusal
 from tests.harness import register
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 SECRET = "a long random string shared with the receiver"
 RESULT = {"uri": "file:///x.png", "content_type": "image/png", "width": 64, "height": 64, "seed": 1, "bytes": 1,
           "sha256": "0"}

@@ -17,6 +17,8 @@ from worker.model.architectures import ARCHS
 from tools.bench.cli import transformer_flop
 from tools.bench.figures import with_tflops
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 def test_flop_count_matches_the_published_arithmetic():
     # shared/ANCHORS.md: 74.1 TF per step at 1360x768 with 512 text tokens (59.3 linear + 14.8 attention).

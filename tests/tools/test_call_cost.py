@@ -9,6 +9,8 @@ import pytest
 
 from tools import call_cost
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 def blocks(submit, lease, processing, succeeded, heartbeat=(1.0,)):
     return {"submit": list(submit), "lease": list(lease), "processing": list(processing),

@@ -24,6 +24,7 @@ def test_retry_after_is_set_against_the_wait_of_tasks_admitted_in_the_same_secon
     assert out == {"retry_after_over_wait_p50": 1.0, "retry_after_within_50pct": pytest.approx(1 / 3, abs=1e-3)}
 
 
+@pytest.mark.integration
 def test_a_short_run_on_the_trivial_server_and_sqlite_completes_what_it_offers(tmp_path, capsys):
     out = tmp_path / "fleet.json"
     assert fleet_bench.main(["--gpus", "8", "--seconds", "2", "--work-s", "0.2", "--stores", "trivial,sqlite",
@@ -44,6 +45,7 @@ def test_a_short_run_on_the_trivial_server_and_sqlite_completes_what_it_offers(t
     assert "trivial" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_a_fleet_that_registers_while_clients_submit_completes_too(tmp_path):
     """--together: the first seconds of a fresh process, registrations among the first submits."""
     out = tmp_path / "fleet.json"
@@ -71,6 +73,7 @@ def test_pin_plans_a_core_for_each_server_and_the_rest_for_the_load_generator():
     assert fleet_bench.plan_pins(1, {0, 1}) == ([{0}], {1})
 
 
+@pytest.mark.integration
 def test_pin_moves_every_thread_of_a_running_process():
     # A process with a second thread, both already running when it is pinned.
     child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
@@ -136,6 +139,7 @@ async def submit_once(codes: list[tuple[int, str]], client_retries: bool) -> Rec
     return fleet.rec
 
 
+@pytest.mark.integration
 def test_a_retrying_client_submits_a_refused_task_again_after_its_retry_after():
     rec = asyncio.run(submit_once([(429, "0"), (429, "0"), (201, "")], client_retries=True))
     assert [c[2] for c in rec.retried] == [429, 429] and [c[2] for c in rec.submits] == [201]
@@ -143,6 +147,7 @@ def test_a_retrying_client_submits_a_refused_task_again_after_its_retry_after():
     assert first == rec.retried[0][0]  # its wait counts from the first try, as its client saw it
 
 
+@pytest.mark.integration
 def test_a_client_without_retries_or_past_its_30_s_leaves_a_refused_task():
     rec = asyncio.run(submit_once([(429, "0"), (201, "")], client_retries=False))
     assert rec.retried == [] and [(c[2], c[3]) for c in rec.submits] == [(429, 0.0)] and rec.sent_at == {}

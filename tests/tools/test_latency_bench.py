@@ -9,6 +9,8 @@ import pytest
 
 from tools import latency_bench
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 def sample(sent: float, started: float, finished: float, received: float, **timings) -> dict:
     base = {"text_check": 5.0, "admit": 3.0, "wait": 1.0, "broadcast": 1.0, "image_check": 40.0, "encode": 8.0,

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tools.models_bench import Plan, Run, figures, main
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 PLAN = Plan(models=["a", "b"], mix=[0.75, 0.25], workers=2, work_s=0.5, swap_s=1.0, rate=4.0, seconds=30.0, seed=3)
 

@@ -10,6 +10,8 @@ import pytest
 
 from tools.scheduler_bench import Window, run_backend
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 @pytest.mark.parametrize("lease_max", [1, 8])
 def test_the_bench_completes_every_task_and_reports_its_figures(tmp_path, lease_max):

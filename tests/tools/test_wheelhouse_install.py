@@ -18,7 +18,7 @@ import torch
 
 from launch.local import REPO
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.integration]
 
 
 def run(cmd: list, timeout: float, **kw) -> subprocess.CompletedProcess:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from worker.preflight import EXIT_PERMANENT, check
 
 TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.toml")
@@ -24,6 +26,7 @@ def test_a_wrong_type_names_the_field(capsys):
     assert "queue.lease_wait_s" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_a_taken_ops_port_names_the_field(capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

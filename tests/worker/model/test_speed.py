@@ -52,6 +52,7 @@ def test_prompt_cache_skips_the_text_encoders_for_repeated_prompts(tiny_model, p
     assert len(calls) == 3
 
 
+@pytest.mark.integration  # inductor's compile workers are processes
 def test_compiled_transformer_and_vae_decoder(tiny_model, plain):
     cfg = SpeedConfig(compile=True, compile_vae=True)
     engine = Engine.load(model(tiny_model), torch.device("cpu"), cfg)

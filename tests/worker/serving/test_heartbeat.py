@@ -13,6 +13,8 @@ from worker.serving.queue_client import QueueClient
 from worker.serving.state import WorkerState
 from worker.serving.task import Task
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 LEASE_TTL_S = 1.0
 
 

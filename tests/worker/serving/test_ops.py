@@ -17,6 +17,8 @@ from worker.serving.ops import Health, OpsServer
 from worker.serving.state import WorkerState
 from tests.harness import Clock
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 @pytest.fixture
 def node():

@@ -16,6 +16,8 @@ from worker.serving.registration import Registration
 from worker.serving.state import WorkerState
 from worker.serving.validation import advertised
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 LIMITS = LimitsConfig(max_side=1024, max_pixels=1024 * 1024, default_width=256, default_height=256)
 DEVICES = [DeviceInfo(name="cpu", memory_bytes=1)]
 

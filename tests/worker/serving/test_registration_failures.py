@@ -3,6 +3,8 @@ scheduler treats its silence as it would a crash's."""
 
 from __future__ import annotations
 
+import pytest
+
 from launch.local import free_port, start_scheduler
 from tests.worker.serving.test_registration import DEVICES
 from worker.config import QueueConfig
@@ -10,6 +12,8 @@ from worker.serving.ledger import Ledger
 from worker.serving.queue_client import QueueClient
 from worker.serving.registration import Registration
 from worker.serving.state import WorkerState
+
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 
 def test_leaving_while_the_scheduler_is_down_says_it_could_not_tell(tmp_path, caplog):

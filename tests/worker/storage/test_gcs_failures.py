@@ -16,6 +16,8 @@ from worker.config import GCSConfig
 from worker.storage.gcs import GCSStore, _transient
 from worker.storage import Artifact, StorageUnavailable, UploadCorrupted
 
+pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
+
 
 @pytest.fixture
 def gcs(tmp_path, monkeypatch):
