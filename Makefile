@@ -14,7 +14,7 @@ unexport PYTHONDONTWRITEBYTECODE
 .PHONY: install demo test test-quick docs policy-forms policy-model bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
 # The prompt policy's learned layer is built here, not shipped in git: trained from the labelled
-# prompts in safety/policy/training/ (about a minute and a half on two cores), again whenever what it reads changes.
+# prompts in safety/policy/training/ (about a minute on two cores), again whenever what it reads changes.
 POLICY_MODEL := safety/policy/lists/learned.safetensors
 install: $(VENV)/.installed $(POLICY_MODEL)
 

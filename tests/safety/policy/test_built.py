@@ -58,7 +58,7 @@ def test_the_learned_layer_was_built_from_these_prompts_lists_and_code():
 def test_a_build_gives_the_same_bytes_in_another_process(tmp_path):
     """What makes the digests above enough: the same prompts, lists and code give the same bytes,
     whatever the process (its hash seed included). On a fortieth of the prompts every step still runs
-    (features, five folds, thresholds, the final fit); the whole build is the minute and a half that
+    (features, five folds, thresholds, the final fit); the whole build is the minute that
     `make install` spends once."""
     sample = tmp_path / "training"
     sample.mkdir()
