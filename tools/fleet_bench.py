@@ -421,6 +421,19 @@ def probe_livez(out: Path, urls: list[str]) -> None:
             time.sleep(max(0.0, due - time.monotonic()))
 
 
+def _first_probe(prober: subprocess.Popen, path: Path, limit_s: float = 60.0) -> None:
+    """Waits for the prober's first probe, so that its probes cover the run from its first second
+    (its start took most of a short run on a loaded machine, leaving it one probe)."""
+    deadline = time.monotonic() + limit_s
+    while not (path.exists() and path.stat().st_size):
+        if prober.poll() is not None:
+            raise RuntimeError(f"the /livez prober exited {prober.returncode} before its first probe")
+        if time.monotonic() > deadline:
+            prober.kill()
+            raise RuntimeError(f"the /livez prober made no probe in {limit_s:.0f} s")
+        time.sleep(0.05)
+
+
 def livez_figures(path: Path) -> dict:
     probes = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     answered = [p["ms"] for p in probes if p["ms"] is not None and p["ms"] <= 1000]
@@ -499,6 +512,11 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
                   args.together)
     probes = args.out.parent / f"livez-{store}-{shape}-{time.monotonic_ns()}.jsonl"  # kept beside the report
     prober = subprocess.Popen([sys.executable, "-m", "tools.fleet_bench", "probe-livez", str(probes), *urls])
+    try:
+        _first_probe(prober, probes)
+    except RuntimeError:
+        stop_all(procs)
+        raise
     watched = {"scheduler" if store != "trivial" else "server": [psutil.Process(p.pid) for p in procs],
                "load generator": [psutil.Process()]}
     cpu0 = {k: sum(sum(p.cpu_times()[:2]) for p in ps) for k, ps in watched.items()}
