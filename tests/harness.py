@@ -61,7 +61,9 @@ class Stack:
 
     def overrides(self, extra: list[str] = ()) -> list[str]:
         return [f"queue.url={self.url}", f"storage.local.root={self.images}", f"model.source={self.model}",
-                "queue.heartbeat_interval_s=1.0", "safety.text.backend=profanity",
+                # The policy lists alone check prompts: a text model would cost each worker 2 s of CPU
+                # at start, and only tests/e2e/test_safety.py and test_observability.py need one.
+                "queue.heartbeat_interval_s=1.0", "safety.text.backend=off",
                 # Rank 0's /metrics and health on a free loopback port; the registration names it.
                 "ops.host=127.0.0.1", "ops.port=0", *extra]
 

@@ -39,7 +39,7 @@ def test_both_metrics_endpoints_move_as_tasks_succeed_and_fail(tmp_path, tiny_mo
         assert at(queued, "dit_scheduler_queue_depth", priority="7") == 1
         assert at(queued, "dit_scheduler_oldest_queued_age_seconds") > 0
 
-        stack.proc = stack.worker(nproc=2)
+        stack.proc = stack.worker(nproc=2, overrides=["safety.text.backend=profanity"])  # the insult below
         # The worker registers (with its ops address) before it loads the model and warms up: not
         # ready until then, alive all along.
         ops = wait_until(lambda: next((w["ops_url"] for w in stack.registered()), None), 120, "a registration",

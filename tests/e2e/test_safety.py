@@ -19,6 +19,7 @@ def flagging(tmp_path_factory, tiny_model, vit_dir):
     stack = Stack(tmp_path_factory.mktemp("flagging"), tiny_model)
     stack.quarantine = stack.tmp / "quarantine"
     stack.proc = stack.worker(nproc=2, overrides=[
+        "safety.text.backend=profanity",  # alt-profanity-check's shipped model, for real
         "safety.image.backend=hf", f"safety.image.hf.model={vit_dir}", "safety.image.hf.threshold=0.0",
         f"storage.quarantine.local.root={stack.quarantine}"])
     yield stack
