@@ -19,7 +19,7 @@ import _posixsubprocess
 import os
 import socket
 import subprocess
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import pytest
 
@@ -54,7 +54,7 @@ def _watched(item):
     """The guard around a test's setup or call (its teardown stops what it started: not watched, since
     the last test of a module or session also tears down the shared fixtures that other tests used)."""
     if item.get_closest_marker(MARKER):
-        return ExitStack()
+        return nullcontext()
 
     def caught(what: str) -> None:
         item.stash.setdefault(_CAUGHT, f"{item.nodeid} {what} but is not marked `{MARKER}` (tests/tiers.py)")

@@ -100,12 +100,17 @@ def fit(x, y):
         return LogisticRegression(C=C, max_iter=500, tol=1e-4, solver="lbfgs", class_weight=weights).fit(x, y)
 
 
+def folds_of(y: np.ndarray) -> np.ndarray:
+    """Each prompt's fold (0-4), fixed by its place in the data."""
+    return np.arange(len(y)) % 5
+
+
 def fit_all(x, y, jobs: int | None = None):
     """The model on every prompt, and the five out-of-fold ones `thresholds` judges with: six fits,
     as many at once as there are cores (each is the same alone or beside the others)."""
     from joblib import Parallel, delayed
 
-    folds = np.arange(len(y)) % 5
+    folds = folds_of(y)
     parts = [(x, y)] + [(x[folds != k], y[folds != k]) for k in range(5)]
     models = Parallel(n_jobs=jobs or min(len(parts), os.cpu_count() or 1))(delayed(fit)(a, b) for a, b in parts)
     return models[0], models[1:]
@@ -119,7 +124,7 @@ def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
     reaches in "sexual"; and `hate_with_group`, the lowest that no benign prompt naming a group
     reaches in "hate"."""
     present = np.unique(y)
-    folds = np.arange(len(y)) % 5
+    folds = folds_of(y)
     probs = np.zeros((len(y), len(present)))
     for k, model in enumerate(fold_models):
         probs[folds == k] = model.predict_proba(x[folds == k])
