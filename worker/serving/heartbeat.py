@@ -84,7 +84,7 @@ class HeartbeatThread(threading.Thread):
         except Interrupted:
             log.debug("heartbeat retries stopped with the thread")
         except NotFound:
-            log.error("scheduler does not know worker %s; re-registering", worker_id)
+            log.error("scheduler does not know worker %s", worker_id)  # the serve loop registers again if current
             self._state.forgotten(worker_id)
         except AuthError as e:
             self._ledger.counters.add(Counter.HEARTBEAT_FAILURES)
