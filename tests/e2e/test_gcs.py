@@ -118,7 +118,7 @@ def test_a_missing_bucket_stops_start_up_naming_it(make_stack, tmp_path):
     emu = Emulator(tmp_path)
     try:
         stack = make_stack()
-        proc = stack.worker(nproc=2, env={"STORAGE_EMULATOR_HOST": emu.url}, overrides=[
+        proc = stack.worker(nproc=1, env={"STORAGE_EMULATOR_HOST": emu.url}, overrides=[
             "storage.kind=gcs", "storage.gcs.bucket=no-such-bucket", "storage.gcs.deadline_s=2.0"])
         assert proc.wait(120) != 0
         assert "not starting: storage.gcs.bucket: bucket 'no-such-bucket' does not exist" in proc.output()

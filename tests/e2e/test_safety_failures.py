@@ -1,6 +1,7 @@
 """Safety failure paths end to end: checks that raise, outputs that are corrupt, models that do not
 load. Whatever fails, no task succeeds unchecked, none is lost, and the worker exits when it is the
-thing that is broken so that its supervisor restarts it."""
+thing that is broken so that its supervisor restarts it. A check that raises runs on a group of two ranks,
+to see the whole group leave; the others on one rank, since what they test is rank 0's."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_raising_classifier_fails_retryable_never_succeeds_then_worker_exits(mak
 
 def test_solid_colour_outputs_are_retried_and_then_the_worker_exits(make_stack, solid_model):
     stack = make_stack(max_attempts=3)
-    proc = stack.worker(nproc=2, overrides=[f"model.source={solid_model}", "safety.quality.max_consecutive=3"])
+    proc = stack.worker(nproc=1, overrides=[f"model.source={solid_model}", "safety.quality.max_consecutive=3"])
     task_id = stack.client.submit({"prompt": "a lighthouse", "width": 128, "height": 128})["id"]
     assert proc.wait(120) != 0  # three corrupt outputs in a row
     task = stack.client.task(task_id)
@@ -66,7 +67,7 @@ def test_solid_colour_outputs_are_retried_and_then_the_worker_exits(make_stack, 
 
 def test_a_safety_model_that_does_not_load_keeps_the_worker_from_ready(make_stack):
     stack = make_stack()
-    proc = stack.worker(nproc=2, overrides=['safety.image.nudenet.labels=["BUTOCKS_EXPOSED"]'])
+    proc = stack.worker(nproc=1, overrides=['safety.image.nudenet.labels=["BUTOCKS_EXPOSED"]'])
     assert proc.wait(120) != 0
     assert stack.registered() == []  # never registered, never leased anything
     assert "not starting: safety.image.nudenet.labels: BUTOCKS_EXPOSED" in proc.output()
