@@ -31,13 +31,15 @@ from rich.text import Text
 from client.api import Client, scheduler_url
 from client.errors import (ClientError, Conflict, DownloadFailed, InvalidRequest, TaskFailed, TaskNotEnded,
                            TaskNotFound)
-from protocol import FINAL_STATUSES, QueueFigures, TaskList, TaskStatus, TaskView, WorkerView
+from protocol import FINAL_STATUSES, QueueFigures, RegistrationStatus, TaskList, TaskStatus, TaskView, WorkerView
 
 err = Console(stderr=True, soft_wrap=True)  # messages stay whole lines, to copy and grep
 out = Console()
 
 HINT_AFTER_S = 5.0  # queued this long with no ready worker: say how to get one
 TERMINAL_POLL_S = 2.0  # on a terminal, the state shown is at most this old (an ended task shows at once)
+# A registration's colour in `dit status`: drained is dim, since it left on purpose; the rest yellow.
+WORKER_COLOUR = {RegistrationStatus.READY: "green", RegistrationStatus.LOST: "red", RegistrationStatus.DRAINED: "dim"}
 
 
 class Exit(IntEnum):
@@ -216,9 +218,9 @@ class WaitView:
         waited = self._clock() - self._t0
         if self.task.status != "queued" or self.workers is None or waited < HINT_AFTER_S:
             return None
-        if any(w.status == "ready" for w in self.workers):
+        if any(w.status == RegistrationStatus.READY for w in self.workers):
             return None
-        starting = sum(w.status == "initializing" for w in self.workers)
+        starting = sum(w.status == RegistrationStatus.INITIALIZING for w in self.workers)
         note = f" ({starting} starting)" if starting else ""
         return f"no worker is ready{note}: start one with `make node` or check `dit watch`"
 
@@ -361,9 +363,9 @@ def _dashboard(dit: Client) -> Table:
     for col in ("worker", "host", "status", "devices", "in flight", "images", "heartbeat"):
         workers.add_column(col)
     for w in dit.workers():
-        if w.status == "replaced":
+        if w.status == RegistrationStatus.REPLACED:
             continue
-        colour = {"ready": "green", "lost": "red", "drained": "dim"}.get(w.status, "yellow")  # drained: left on purpose
+        colour = WORKER_COLOUR.get(w.status, "yellow")
         age = f"{w.last_heartbeat_age_s:.0f}s ago" if w.last_heartbeat_age_s is not None else "never"
         workers.add_row(w.id, w.hostname, f"[{colour}]{w.status}[/]", str(len(w.devices)), str(len(w.in_flight)),
                         str(w.counters.get("images_generated", 0)), age)

@@ -13,18 +13,34 @@ cannot know, and accepts. Types and unknown fields are left to the worker.
 from __future__ import annotations
 
 import unicodedata
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed", "cancelled"]
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a task in one never changes again
-# What a worker reports of itself. drained: its last heartbeat, sent when a drain has finished every
-# task it held and it is leaving; the registration is closed for good.
-WorkerStatus = Literal["initializing", "ready", "draining", "drained"]
-# replaced: a later registration from the same node (a restarted torchrun group) took its place.
-# lost: no heartbeat for the scheduler's liveness time; what it held was requeued.
-RegistrationStatus = Literal["initializing", "ready", "draining", "drained", "replaced", "lost"]
+
+
+class RegistrationStatus(StrEnum):
+    """A worker registration's status. Which may follow which is the scheduler's table
+    (scheduler.store.lifecycle.REGISTRATION_TRANSITIONS, drawn in docs/architecture.md)."""
+
+    INITIALIZING = "initializing"  # registered, loading and warming up
+    READY = "ready"  # serving
+    DRAINING = "draining"  # takes no new work, finishing what it holds
+    # Its last heartbeat, sent when a drain has finished every task it held and it is leaving; the
+    # registration is closed for good.
+    DRAINED = "drained"
+    # A later registration from the same node (a restarted torchrun group) took its place.
+    REPLACED = "replaced"
+    LOST = "lost"  # no heartbeat for the scheduler's liveness time; what it held was requeued
+
+
+# What a worker reports of itself in a heartbeat: replaced and lost are the scheduler's to say. The
+# values as plain strings, so that a peer's 422 lists them as it would send them.
+WorkerStatus = Literal[tuple(s.value for s in (RegistrationStatus.INITIALIZING, RegistrationStatus.READY,
+                                               RegistrationStatus.DRAINING, RegistrationStatus.DRAINED))]
 # released: leased but never started, handed back (the attempt does not count).
 ReportStatus = Literal["processing", "succeeded", "failed", "released"]
 

@@ -17,13 +17,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client import PlatformCollector, ProcessCollector
 
-from protocol import ModelFigures, WorkerView
+from protocol import ModelFigures, RegistrationStatus, WorkerView
 from scheduler.store import Store
+from scheduler.store.lifecycle import CLOSED
 
 # Long polls (lease) last up to their wait_s: the upper buckets are for them.
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, float("inf"))
 LAG_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, float("inf"))
-REGISTRATION_STATUSES = ("initializing", "ready", "draining", "drained", "replaced", "lost")
 
 
 class SchedulerMetrics:
@@ -82,7 +82,7 @@ class QueueCollector(Collector):
             wait.add_metric([priority], seconds)
         yield wait
         workers = GaugeMetricFamily("dit_scheduler_workers", "Worker registrations, by status", labels=["status"])
-        for status in REGISTRATION_STATUSES:
+        for status in RegistrationStatus:
             workers.add_metric([status], fig.workers_by_status.get(status, 0))
         yield workers
         yield from _per_model(fig.models)
@@ -141,7 +141,7 @@ def prometheus_targets(workers: list[WorkerView]) -> list[dict]:
     """Prometheus HTTP service discovery (http_sd_configs): every live worker's /metrics."""
     out = []
     for w in workers:
-        if w.ops_url and w.status not in ("lost", "replaced", "drained"):
+        if w.ops_url and w.status not in CLOSED:
             out.append({"targets": [w.ops_url.split("://", 1)[1].rstrip("/")],
                         "labels": {"worker_id": w.id, "hostname": w.hostname, "node_id": w.node_id or "",
                                    "__scheme__": w.ops_url.split("://", 1)[0]}})

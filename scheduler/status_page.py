@@ -21,6 +21,7 @@ from PIL import Image
 from protocol import QueueFigures, TaskView, WorkerView
 from scheduler.results import local_path
 from scheduler.store import NotFound, Store
+from scheduler.store.lifecycle import CLOSED, R
 
 HOUR_S = 3600
 BUCKET_S = 60
@@ -88,9 +89,6 @@ def gather(store: Store) -> Page:
                 failures=store.tasks.recent("failed", HOUR_S, 20))
 
 
-ENDED = ("drained", "lost", "replaced")
-
-
 def current(workers: list[WorkerView]) -> tuple[list[WorkerView], int]:
     """The registrations worth a row, and how many were left out: a replaced one never (its node's
     new one is listed), and a drained or lost one only until the same worker (its host and ops
@@ -99,14 +97,14 @@ def current(workers: list[WorkerView]) -> tuple[list[WorkerView], int]:
     for w in workers:
         key = (w.hostname, w.ops_url)
         newest[key] = max(newest.get(key, 0.0), w.registered_at)
-    shown = [w for w in workers if w.status not in ENDED
-             or (w.status != "replaced" and w.registered_at >= newest[(w.hostname, w.ops_url)])]
-    return shown, sum(1 for w in workers if w.status in ("drained", "lost")) - sum(1 for w in shown if w.status in ENDED)
+    shown = [w for w in workers if w.status not in CLOSED
+             or (w.status != R.REPLACED and w.registered_at >= newest[(w.hostname, w.ops_url)])]
+    return shown, sum(1 for w in workers if w.status in (R.DRAINED, R.LOST)) - sum(1 for w in shown if w.status in CLOSED)
 
 
 # A worker's status colour: ready green, lost red, a registration closed on purpose (drained,
 # replaced) neutral, the rest (initializing, draining) amber.
-STATUS_CLASS = {"ready": "ok", "lost": "bad", "drained": "muted", "replaced": "muted"}
+STATUS_CLASS = {R.READY: "ok", R.LOST: "bad", R.DRAINED: "muted", R.REPLACED: "muted"}
 IN_FLIGHT_HELP = ("tasks it holds (leased, waiting for a round, generating, or generated and not yet reported) / "
                   "the most it may hold: lease_ahead waiting plus max_pending generating or unreported")
 

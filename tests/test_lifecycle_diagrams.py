@@ -1,5 +1,5 @@
-"""docs/architecture.md draws a task's lifecycle as Mermaid state diagrams; the code holds the same
-lifecycles as data. These tests fail when the two part ways: a state or a transition in the code that
+"""docs/architecture.md draws a task's lifecycles and a worker registration's as Mermaid state
+diagrams; the code holds the same lifecycles as data. These tests fail when the two part ways: a state or a transition in the code that
 the diagram lacks, or one the diagram shows that the code does not allow.
 
 Each diagram names the table it draws in its first line, a Mermaid comment:
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol import TaskStatus
+from protocol import RegistrationStatus, TaskStatus
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 EDGE = re.compile(r"^\s*(\[\*\]|\w+)\s*-->\s*(\[\*\]|\w+)\s*(?::.*)?$")
@@ -56,10 +56,11 @@ def table(name: str) -> tuple[set[str], set[tuple[str, str]]]:
 
 
 DRAWN = diagrams(DOC.read_text())
-EXPECTED = ["scheduler.store.lifecycle.TRANSITIONS", "worker.serving.ledger.TRANSITIONS"]
+EXPECTED = ["scheduler.store.lifecycle.REGISTRATION_TRANSITIONS", "scheduler.store.lifecycle.TRANSITIONS",
+            "worker.serving.ledger.TRANSITIONS"]
 
 
-def test_both_lifecycles_are_drawn():
+def test_every_lifecycle_is_drawn():
     assert sorted(DRAWN) == EXPECTED
 
 
@@ -85,10 +86,26 @@ def test_the_rank_zero_diagram_covers_every_fate_and_names_every_stage():
     assert all(f"`{stage.value}`" in section for stage in Stage), "every Stage named in the rank-0 section"
 
 
-def test_a_diagram_that_lost_a_transition_is_caught():
+def test_the_registration_diagram_covers_every_status_of_the_protocol():
+    assert {s.value for s in RegistrationStatus} == DRAWN["scheduler.store.lifecycle.REGISTRATION_TRANSITIONS"][0]
+
+
+@pytest.mark.parametrize("name, move", [("scheduler.store.lifecycle.TRANSITIONS", ("queued", "leased")),
+                                        ("scheduler.store.lifecycle.REGISTRATION_TRANSITIONS", ("ready", "lost"))])
+def test_a_diagram_that_lost_a_transition_is_caught(name, move):
     # The check itself: drop one drawn move and the comparison must see it.
     text = DOC.read_text()
-    broken = re.sub(r"(?m)^\s*queued --> leased.*\n", "", text, count=1)
+    broken = re.sub(rf"(?m)^\s*{move[0]} --> {move[1]}\b.*\n", "", text, count=1)
     assert broken != text
-    states, edges = table("scheduler.store.lifecycle.TRANSITIONS")
-    assert edges - diagrams(broken)["scheduler.store.lifecycle.TRANSITIONS"][1] == {("queued", "leased")}
+    states, edges = table(name)
+    assert edges - diagrams(broken)[name][1] == {move}
+
+
+def test_a_diagram_with_a_planted_move_is_caught():
+    # A move drawn that the code does not allow: a replaced registration serving again.
+    name = "scheduler.store.lifecycle.REGISTRATION_TRANSITIONS"
+    text = DOC.read_text()
+    planted = text.replace("    drained --> [*]", "    replaced --> ready: planted\n    drained --> [*]", 1)
+    assert planted != text
+    states, edges = table(name)
+    assert diagrams(planted)[name][1] - edges == {("replaced", "ready")}

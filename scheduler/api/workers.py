@@ -16,6 +16,7 @@ from protocol import (
     LeaseResponse,
     Registered,
     RegisterWorker,
+    RegistrationStatus,
     Report,
     WorkerView,
 )
@@ -99,6 +100,6 @@ async def heartbeat(worker_id: str, body: Heartbeat, svc: ServicesDep) -> Respon
 async def heartbeat_of(svc: Services, worker_id: str, body: Heartbeat) -> Answer:
     """The leases renewed, those lost and those cancelled."""
     reply = await svc.store.acall(svc.store.workers.heartbeat, worker_id, body)
-    if body.status in ("draining", "drained"):
+    if body.status in (RegistrationStatus.DRAINING, RegistrationStatus.DRAINED):
         svc.admission.fleet_changed()  # it takes no new tasks: its limits no longer count
     return Answer.of(reply)

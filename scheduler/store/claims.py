@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 
-from protocol import Lease
+from protocol import Lease, RegistrationStatus
 from scheduler import leases
 from scheduler.store import routing
 from scheduler.store.database import Database
-from scheduler.store.lifecycle import sources, status_in
+from scheduler.store.lifecycle import TAKING, sources, status_in
 from scheduler.store.plans import Plan, Read, Write, WriteEach
-from scheduler.store.workers import TAKING, check_registration
+from scheduler.store.workers import check_registration
 
 CLAIMABLE = status_in(sources("leased"))  # the queue: the partial index's own condition
 UPSERT_MODEL = ("INSERT INTO worker_models (worker_id, model, resident, since) VALUES (?, ?, ?, ?)"
@@ -53,7 +53,8 @@ class SQLClaims:
             f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
             f" lease_token = {store.TOKEN_SQL}, lease_deadline = ?, updated_at = ?"
             f" WHERE id IN (SELECT id FROM tasks{queue} WHERE {CLAIMABLE}{of_model} ORDER BY priority DESC, seq"
-            f" LIMIT ?{store.SKIP_LOCKED}) AND EXISTS (SELECT 1 FROM workers WHERE id = ? AND status != 'drained')"
+            f" LIMIT ?{store.SKIP_LOCKED}) AND EXISTS"
+            f" (SELECT 1 FROM workers WHERE id = ? AND status != '{RegistrationStatus.DRAINED}')"
             f" RETURNING id, input, created_at, lease_token, attempts, priority, seq, model",
             (worker_id, deadline, now, *args, max_tasks, worker_id))
         if not rows:
@@ -80,7 +81,8 @@ class SQLClaims:
         if any(not mine[h["model"]] for h in heads):  # a model it would load: who holds it, since when
             holders = {r["model"]: (r["warm"], r["gained"]) for r in (yield Read(
                 "SELECT wm.model, COUNT(*) AS warm, MAX(wm.since) AS gained FROM worker_models wm"
-                f" JOIN workers w ON w.id = wm.worker_id WHERE wm.resident = 1 AND w.{TAKING} GROUP BY wm.model",
+                f" JOIN workers w ON w.id = wm.worker_id WHERE wm.resident = 1 AND {status_in(TAKING, 'w.status')}"
+                " GROUP BY wm.model",
                 ()))}
         model = routing.pick(heads, mine, holders, now, store.cold_wait_s, store.route)
         if model is None:

@@ -1,12 +1,14 @@
-"""A task's lifecycle as data: which status may follow which (TRANSITIONS). The SQL guards are built
-from it, so a statement can make no move the table does not list; the property tests check every
-move they see against it. Here too the one lease check, and the statements that end a held task."""
+"""The lifecycles as data: which status may follow which, for a task (TRANSITIONS) and for a worker
+registration (REGISTRATION_TRANSITIONS). The SQL guards are built from them, so a statement can make
+no move a table does not list; the property tests check every move they see against them, and
+docs/architecture.md draws both. Here too the one lease check, and the statements that end a held
+task."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from protocol import ErrorCode, ErrorEnvelope, TaskStatus
+from protocol import ErrorCode, ErrorEnvelope, RegistrationStatus, TaskStatus
 from scheduler.store.plans import Write
 
 INITIAL: TaskStatus = "queued"  # a submitted task
@@ -31,15 +33,43 @@ def sources(to: TaskStatus) -> tuple[TaskStatus, ...]:
     return tuple(status for status, nxt in TRANSITIONS.items() if to in nxt)
 
 
-def status_in(statuses: Sequence[str]) -> str:
-    """The condition `status` is one of `statuses`, written as the partial indexes name it."""
+def status_in(statuses: Sequence[str], column: str = "status") -> str:
+    """The condition `column` is one of `statuses`, written as the partial indexes name it."""
     if len(statuses) == 1:
-        return f"status = '{statuses[0]}'"
-    return "status IN ({})".format(", ".join(f"'{s}'" for s in statuses))
+        return f"{column} = '{statuses[0]}'"
+    return "{} IN ({})".format(column, ", ".join(f"'{s}'" for s in statuses))
 
 
 HELD = sources("succeeded")  # a worker holds the task: only its report ends it succeeded
-ENDED = tuple(status for status, nxt in TRANSITIONS.items() if not nxt)
+
+R = RegistrationStatus
+# Every status change a worker registration can make. A registration starts `initializing`; its
+# heartbeats set the status the worker reports (initializing, ready, draining; drained as its last);
+# the scheduler makes it `replaced` when the same node registers again (its group restarted) and
+# `lost` when its heartbeats stop for the liveness time. A lost worker that beats again is shown
+# as it says it is. A replaced registration stays replaced, whatever its old group still sends; a
+# drained one is refused from then on, and is replaced if its node registers again.
+REGISTRATION_TRANSITIONS: dict[RegistrationStatus, tuple[RegistrationStatus, ...]] = {
+    R.INITIALIZING: (R.READY, R.DRAINING, R.DRAINED, R.REPLACED, R.LOST),
+    R.READY: (R.INITIALIZING, R.DRAINING, R.DRAINED, R.REPLACED, R.LOST),
+    R.DRAINING: (R.INITIALIZING, R.READY, R.DRAINED, R.REPLACED, R.LOST),
+    R.DRAINED: (R.REPLACED,),
+    R.REPLACED: (),
+    R.LOST: (R.INITIALIZING, R.READY, R.DRAINING, R.DRAINED, R.REPLACED),
+}
+REGISTERED = R.INITIALIZING  # a new registration
+
+
+def registration_sources(to: RegistrationStatus) -> tuple[RegistrationStatus, ...]:
+    """The statuses a registration may reach `to` from, in REGISTRATION_TRANSITIONS' order."""
+    return tuple(status for status, nxt in REGISTRATION_TRANSITIONS.items() if to in nxt)
+
+
+# Registrations that can take tasks: the fleet whose limits decide what a submission may ask for.
+TAKING = (R.INITIALIZING, R.READY)
+# Registrations that send no more heartbeats, the ones that cannot become lost: their silence is
+# expected; they are pruned after the retention and left out of what is scraped.
+CLOSED = tuple(status for status in REGISTRATION_TRANSITIONS if status not in registration_sources(R.LOST))
 
 
 def lease_held(worker_id: str, now: float, token: str | None = None) -> tuple[str, tuple]:

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from protocol import ErrorCode, ErrorEnvelope
+from protocol import ErrorCode, ErrorEnvelope, RegistrationStatus
 from scheduler import leases
 from scheduler.store.database import Database
 from scheduler.store.lifecycle import HELD, end_cancelled, release, status_in
@@ -47,13 +47,13 @@ class Lost:
         requeued = sum(t.outcome == "queued" for t in self.taken)
         log.warning("worker %s (%s) lost: no heartbeat for %.0fs; %d held task(s) requeued, %d failed for good",
                     self.worker_id, self.hostname, self.silent_s, requeued, len(self.taken) - requeued,
-                    extra={"worker_id": self.worker_id, "status": "lost"})
+                    extra={"worker_id": self.worker_id, "status": RegistrationStatus.LOST.value})
 
 
-def retire(store: Database, db: Any, worker_id: str, status: str, code: ErrorCode, why: str,
+def retire(store: Database, db: Any, worker_id: str, status: RegistrationStatus, code: ErrorCode, why: str,
            now: float) -> list[Reclaimed]:
     """Marks a registration `replaced` or `lost` and takes back what it held."""
-    db.execute("UPDATE workers SET status = ?, in_flight = '[]' WHERE id = ?", (status, worker_id))
+    db.execute("UPDATE workers SET status = ?, in_flight = '[]' WHERE id = ?", (status.value, worker_id))
     return take_back(store, db, worker_id, code, why, now)
 
 

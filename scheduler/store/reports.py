@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol import CANCELLED_MARK, Report, TaskView
+from protocol import CANCELLED_MARK, FINAL_STATUSES, Report, TaskView
 from scheduler import leases
 from scheduler.store.base import Cancelled, Conflict, NotFound
 from scheduler.store.database import Database, task_row
-from scheduler.store.lifecycle import ENDED, HELD, WEBHOOK_ENDED, WEBHOOK_STARTED, end_cancelled, lease_held, release
+from scheduler.store.lifecycle import HELD, WEBHOOK_ENDED, WEBHOOK_STARTED, end_cancelled, lease_held, release
 from scheduler.store.plans import Plan, Read, Write, WriteEach, one
 
 Outcome = TaskView | NotFound | Conflict
@@ -47,7 +47,7 @@ class SQLReports:
         now = self._store.clock()
         with self._store._tx() as db:
             row = task_row(db, task_id, self._store.LOCK_ROW)
-            if row["status"] in ENDED:
+            if row["status"] in FINAL_STATUSES:
                 raise Conflict(f"task {task_id} has already ended ({row['status']}); nothing to cancel")
             if row["status"] in HELD:  # its worker learns it; its next report or lease expiry ends it
                 row = db.execute("UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, ?),"

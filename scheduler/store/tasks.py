@@ -6,13 +6,12 @@ import json
 import uuid
 from typing import Any
 
-from protocol import ModelFigures, QueueFigures, SubmitTask, TaskView
+from protocol import FINAL_STATUSES, ModelFigures, QueueFigures, SubmitTask, TaskView
 from scheduler.store.base import Conflict
 from scheduler.store.database import Database, task_row
 from scheduler.drain import DRAIN_MIN_TASKS, DRAIN_WINDOW_S, queue_wait_s
-from scheduler.store.lifecycle import ENDED, HELD, INITIAL, status_in
+from scheduler.store.lifecycle import HELD, INITIAL, TAKING, status_in
 from scheduler.store.plans import Plan, Read, Write
-from scheduler.store.workers import TAKING
 
 
 class SQLTasks:
@@ -83,7 +82,7 @@ class SQLTasks:
         """Those of `task_ids` that have reached a final state (one query)."""
         in_ids, ids = self._store._ids(task_ids)
         return [r["id"] for r in self._store._read().execute(
-            f"SELECT id FROM tasks WHERE {in_ids} AND {status_in(ENDED)}", (ids,))]
+            f"SELECT id FROM tasks WHERE {in_ids} AND {status_in(FINAL_STATUSES)}", (ids,))]
 
     def ended_since(self, window_s: float) -> int:
         """Tasks that reached a final state within the last `window_s` (the recent pace)."""
@@ -171,7 +170,7 @@ def model_figures(db: Any, now: float, models: frozenset[str]) -> dict[str, Mode
         f"SELECT model, COUNT(*) AS n FROM tasks WHERE {status_in(HELD)} AND model IS NOT NULL GROUP BY model")}
     workers = {(r["model"], r["resident"]): r["n"] for r in db.execute(
         "SELECT wm.model, wm.resident, COUNT(*) AS n FROM worker_models wm JOIN workers w ON w.id = wm.worker_id"
-        f" WHERE w.{TAKING} GROUP BY wm.model, wm.resident")}
+        f" WHERE {status_in(TAKING, 'w.status')} GROUP BY wm.model, wm.resident")}
     out = {}
     for model in sorted(models):
         q = queued.get(model)

@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from protocol import ErrorCode, TaskView, WebhookAttempt
+from protocol import ErrorCode, RegistrationStatus, TaskView, WebhookAttempt
 from scheduler.store.database import Database
-from scheduler.store.lifecycle import HELD, status_in
+from scheduler.store.lifecycle import CLOSED, HELD, registration_sources, status_in
 from scheduler.store.reclaim import HELD_ROW, Lost, Reclaimed, requeue_held, retire, settle
-
-# Registrations that send no more heartbeats: never made `lost`, pruned after the retention.
-CLOSED = "('lost', 'replaced', 'drained')"
 
 
 class SQLUpkeep:
@@ -30,7 +27,7 @@ class SQLUpkeep:
             taken = self._expire(db, now)
             lost = self._lose_silent(db, now)
             taken += [t for worker in lost for t in worker.taken]
-            db.execute(f"DELETE FROM workers WHERE status IN {CLOSED}"
+            db.execute(f"DELETE FROM workers WHERE {status_in(CLOSED)}"
                        " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self._store.retention_s,))
             db.execute("DELETE FROM worker_models WHERE NOT EXISTS"
                        " (SELECT 1 FROM workers WHERE workers.id = worker_models.worker_id)")
@@ -54,10 +51,11 @@ class SQLUpkeep:
         drained one said goodbye: its silence is expected."""
         liveness_s = self._store.liveness_s
         silent = db.execute(
-            f"SELECT id, info, COALESCE(last_heartbeat, registered_at) AS seen FROM workers WHERE status NOT IN {CLOSED}"
+            f"SELECT id, info, COALESCE(last_heartbeat, registered_at) AS seen FROM workers"
+            f" WHERE {status_in(registration_sources(RegistrationStatus.LOST))}"
             " AND COALESCE(last_heartbeat, registered_at) < ?", (now - liveness_s,)).fetchall()
         return [Lost(r["id"], json.loads(r["info"]).get("hostname", "?"), now - r["seen"],
-                     retire(self._store, db, r["id"], "lost", ErrorCode.WORKER_LOST,
+                     retire(self._store, db, r["id"], RegistrationStatus.LOST, ErrorCode.WORKER_LOST,
                             f"worker {r['id']} sent no heartbeat for {liveness_s:g}s", now))
                 for r in silent]
 

@@ -8,15 +8,15 @@ import json
 import uuid
 from typing import Any
 
-from protocol import ErrorCode, Heartbeat, HeartbeatReply, RegisterWorker, WorkerLimits, WorkerModels, WorkerView
+from protocol import ErrorCode, Heartbeat, HeartbeatReply, RegisterWorker, RegistrationStatus, WorkerLimits, WorkerModels, WorkerView
 from scheduler import leases
 from scheduler.store.base import NotFound, worker_view
 from scheduler.store.database import Database
-from scheduler.store.lifecycle import lease_held
+from scheduler.store.lifecycle import REGISTERED, TAKING, lease_held, registration_sources, status_in
 from scheduler.store.reclaim import Reclaimed, retire, settle, take_back
 
-# Registrations that can take tasks: the fleet whose limits decide what a submission may ask for.
-TAKING = "status IN ('initializing', 'ready')"
+DRAINED, REPLACED = RegistrationStatus.DRAINED, RegistrationStatus.REPLACED
+
 
 
 class SQLWorkers:
@@ -30,8 +30,9 @@ class SQLWorkers:
         now = self._store.clock()
         with self._store._tx() as db:
             db.execute("INSERT INTO workers (id, info, status, registered_at, node_id, limits)"
-                       " VALUES (?, ?, 'initializing', ?, ?, ?)",
-                       (worker_id, req.model_dump_json(exclude={"node_id", "limits", "models"}), now, req.node_id,
+                       " VALUES (?, ?, ?, ?, ?, ?)",
+                       (worker_id, req.model_dump_json(exclude={"node_id", "limits", "models"}), REGISTERED.value,
+                        now, req.node_id,
                         req.limits.model_dump_json() if req.limits else None))
             set_models(db, worker_id, req.models or held_alone(req.model), now)
             taken = self._replace(db, req.node_id, worker_id, now) if req.node_id else []
@@ -41,25 +42,28 @@ class SQLWorkers:
 
     def _replace(self, db: Any, node_id: str, new_id: str, now: float) -> list[Reclaimed]:
         old = [r["id"] for r in db.execute(
-            "SELECT id FROM workers WHERE node_id = ? AND id != ? AND status != 'replaced'", (node_id, new_id))]
+            f"SELECT id FROM workers WHERE node_id = ? AND id != ? AND {status_in(registration_sources(REPLACED))}",
+            (node_id, new_id))]
         return [taken for worker_id in old for taken in retire(
-            self._store, db, worker_id, "replaced", ErrorCode.WORKER_RESTARTED,
+            self._store, db, worker_id, REPLACED, ErrorCode.WORKER_RESTARTED,
             f"worker {worker_id} restarted (node {node_id} registered again as {new_id})", now)]
 
     def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply:
         """Records the worker's state and renews, in one UPDATE, the leases it still holds on its
         in-flight tasks; the others are `lost`."""
         now = self._store.clock()
-        if hb.status == "drained":
+        if hb.status == DRAINED:
             return self._drained(worker_id, hb, now)
         deadline = leases.deadline(now, self._store.lease_ttl_s)
         in_ids, ids = self._store._ids(hb.in_flight)
         held, held_args = lease_held(worker_id, now)
         with self._store._tx() as db:
             require_worker(db, worker_id)
-            # A replaced registration stays replaced: its group is gone or about to be.
-            db.execute("UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE ? END,"
-                       " in_flight = ?, last_heartbeat = ?, warnings = ?, counters = ?, safety_policy = ? WHERE id = ?",
+            # The status it reports, where the lifecycle allows the move (a replaced registration
+            # stays replaced: its group is gone or about to be).
+            db.execute(f"UPDATE workers SET status = CASE WHEN {status_in(registration_sources(hb.status))}"
+                       " THEN ? ELSE status END, in_flight = ?, last_heartbeat = ?, warnings = ?, counters = ?,"
+                       " safety_policy = ? WHERE id = ?",
                        (hb.status, json.dumps(hb.in_flight), now, json.dumps(hb.warnings), json.dumps(hb.counters),
                         hb.safety_policy, worker_id))
             if hb.models is not None:
@@ -77,8 +81,8 @@ class SQLWorkers:
         heartbeats from now on. A clean drain holds nothing; whatever it still holds goes back now."""
         with self._store._tx() as db:
             require_worker(db, worker_id)
-            db.execute("UPDATE workers SET status = CASE WHEN status = 'replaced' THEN status ELSE 'drained' END,"
-                       " in_flight = '[]', last_heartbeat = ?, warnings = ?, counters = ?, safety_policy = ? WHERE id = ?",
+            db.execute(f"UPDATE workers SET status = CASE WHEN {status_in(registration_sources(DRAINED))}"
+                       f" THEN '{DRAINED}' ELSE status END, in_flight = '[]', last_heartbeat = ?, warnings = ?, counters = ?, safety_policy = ? WHERE id = ?",
                        (now, json.dumps(hb.warnings), json.dumps(hb.counters), hb.safety_policy, worker_id))
             taken = take_back(self._store, db, worker_id, ErrorCode.WORKER_DRAINED,
                               f"worker {worker_id} drained while holding it", now)
@@ -99,7 +103,8 @@ class SQLWorkers:
     def fleet_limits(self) -> list[WorkerLimits | None]:
         """The distinct limits of the workers that can take tasks (one row per kind of worker, however
         many there are); None for workers that advertised none."""
-        rows = self._store._read().execute(f"SELECT DISTINCT limits FROM workers WHERE {TAKING}").fetchall()
+        rows = self._store._read().execute(
+            f"SELECT DISTINCT limits FROM workers WHERE {status_in(TAKING)}").fetchall()
         return [_limits(r["limits"]) if r["limits"] else None for r in rows]
 
 
@@ -132,7 +137,7 @@ def check_registration(rows: list, worker_id: str) -> None:
     was leaving, so a lease or heartbeat on its registration is a bug or a reused id, never work."""
     if not rows:
         raise NotFound(f"no worker {worker_id}; register first")
-    if rows[0]["status"] == "drained":
+    if rows[0]["status"] == DRAINED:
         raise NotFound(f"worker {worker_id} has drained and left; register again")
 
 

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from protocol import DeviceInfo, ErrorCode
+from protocol import DeviceInfo, ErrorCode, RegistrationStatus
 from safety.guard import Guard
 from worker.config import WorkerConfig
 from worker.model.resident import Resident, weights_mb
@@ -98,7 +98,7 @@ class Coordinator:
         """Graceful drain: stop leasing, finish what is held, then shut the followers down."""
         if not self.stop.is_set():
             log.info("draining: no new leases; finishing the tasks held")
-            self.state.set_status("draining")
+            self.state.set_status(RegistrationStatus.DRAINING)
             self.stop.set()
             self.intake.stop()
 
@@ -106,7 +106,7 @@ class Coordinator:
         self.ledger.counters.add(Counter.IMAGES_GENERATED, 0)  # listed from the first heartbeat on
         for name in resident.names():  # loaded and warmed up at start
             self.models.loaded(name, (), weights_mb(resident.engine(name)))
-        self.state.set_status("ready")
+        self.state.set_status(RegistrationStatus.READY)
         self.state.progress()
         self.intake.start()
         self.watchdog.start()

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from protocol import Heartbeat
+from protocol import Heartbeat, RegistrationStatus
 from worker.serving.ledger import Counter, Ledger
 from worker.serving.queue_client import AuthError, Interrupted, NotFound, QueueClient, QueueError
 from worker.serving.state import WorkerState
@@ -46,7 +46,7 @@ class HeartbeatThread(threading.Thread):
         self.stop()
         if self.is_alive():
             self.join(2 * self._interval)  # a beat under way stops retrying; one in flight ends within its timeout
-        self._state.set_status("drained")
+        self._state.set_status(RegistrationStatus.DRAINED)
         try:
             self._client.heartbeat(self.worker_id, self.message(), deadline_s=self._interval)
         except NotFound:  # a retry after a lost answer, or a scheduler that forgot it: nothing to mark lost

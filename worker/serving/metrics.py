@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client import PlatformCollector, ProcessCollector
 
-from protocol import DeviceInfo
+from protocol import DeviceInfo, RegistrationStatus
 from worker.serving.ledger import REPORTED, Counter, Ledger, Tally
 from worker.serving.state import WorkerState
 
@@ -100,7 +100,7 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("dit_worker_in_flight", "Tasks held whose stage is within its deadline",
                                 value=len(self._ledger.in_flight()))
         status = GaugeMetricFamily("dit_worker_status", "1 for the status the worker reports", labels=["status"])
-        for s in ("initializing", "ready", "draining"):
+        for s in (RegistrationStatus.INITIALIZING, RegistrationStatus.READY, RegistrationStatus.DRAINING):
             status.add_metric([s], float(self._state.status == s))
         yield status
         warnings = GaugeMetricFamily("dit_worker_warnings", "Safety checks switched off by config, and the like",

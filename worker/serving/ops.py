@@ -21,6 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from protocol import RegistrationStatus
 from worker.config import ConfigError
 from worker.config.schema import OpsConfig
 from worker.serving.metrics import Metrics
@@ -38,7 +39,7 @@ class Health:
 
     def live(self) -> tuple[bool, str]:
         idle = self.state.idle_s()
-        if self.state.status == "initializing":
+        if self.state.status == RegistrationStatus.INITIALIZING:
             return (idle <= self.load_s, f"loading for {idle:.0f}s (limit {self.load_s:.0f}s)")
         if idle > self.stall_s:
             return False, f"serve loop stalled: no finished turn for {idle:.0f}s (limit {self.stall_s:.0f}s)"
@@ -46,9 +47,9 @@ class Health:
 
     def ready(self) -> tuple[bool, str]:
         status = self.state.status
-        if status == "initializing":
+        if status == RegistrationStatus.INITIALIZING:
             return False, "loading and warming up"
-        if self.draining() or status == "draining":
+        if self.draining() or status == RegistrationStatus.DRAINING:
             return False, "draining: no new work"
         if self.state.storage_failing:
             return False, "storage unavailable: the last store attempt failed"

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from protocol import WorkerModels, WorkerStatus
+from protocol import RegistrationStatus, WorkerModels, WorkerStatus
 
 
 class WorkerState:
@@ -17,7 +17,7 @@ class WorkerState:
                  safety_policy: str | None = None) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        self._status: WorkerStatus = "initializing"
+        self._status: WorkerStatus = RegistrationStatus.INITIALIZING
         self._progress = clock()
         self._storage_failing = False
         self.warnings = list(warnings)  # set once at start, e.g. a safety check switched off
