@@ -46,13 +46,15 @@ R = RegistrationStatus
 # Every status change a worker registration can make. A registration starts `initializing`; its
 # heartbeats set the status the worker reports (initializing, ready, draining; drained as its last);
 # the scheduler makes it `replaced` when the same node registers again (its group restarted) and
-# `lost` when its heartbeats stop for the liveness time. A lost worker that beats again is shown
-# as it says it is. A replaced registration stays replaced, whatever its old group still sends; a
-# drained one is refused from then on, and is replaced if its node registers again.
+# `lost` when its heartbeats stop for the liveness time. A worker only goes forward: a ready one is
+# never initializing again, and a drain is never undone (a heartbeat that says otherwise renews its
+# leases and leaves the status as it was). A lost worker that beats again is shown as it says it
+# is. A replaced registration stays replaced, whatever its old group still sends; a drained one is
+# refused from then on, and is replaced if its node registers again.
 REGISTRATION_TRANSITIONS: dict[RegistrationStatus, tuple[RegistrationStatus, ...]] = {
     R.INITIALIZING: (R.READY, R.DRAINING, R.DRAINED, R.REPLACED, R.LOST),
-    R.READY: (R.INITIALIZING, R.DRAINING, R.DRAINED, R.REPLACED, R.LOST),
-    R.DRAINING: (R.INITIALIZING, R.READY, R.DRAINED, R.REPLACED, R.LOST),
+    R.READY: (R.DRAINING, R.DRAINED, R.REPLACED, R.LOST),
+    R.DRAINING: (R.DRAINED, R.REPLACED, R.LOST),
     R.DRAINED: (R.REPLACED,),
     R.REPLACED: (),
     R.LOST: (R.INITIALIZING, R.READY, R.DRAINING, R.DRAINED, R.REPLACED),
