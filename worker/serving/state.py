@@ -12,6 +12,11 @@ from collections.abc import Callable
 from protocol import RegistrationStatus, WorkerModels, WorkerStatus
 
 
+# The order a worker's status goes in (scheduler.store.lifecycle.REGISTRATION_TRANSITIONS).
+FORWARD = (RegistrationStatus.INITIALIZING, RegistrationStatus.READY, RegistrationStatus.DRAINING,
+           RegistrationStatus.DRAINED)
+
+
 class WorkerState:
     def __init__(self, warnings: list[str] = (), clock: Callable[[], float] = time.monotonic,
                  safety_policy: str | None = None) -> None:
@@ -28,8 +33,10 @@ class WorkerState:
         self._forgotten: set[str] = set()  # worker ids the scheduler said it does not know
 
     def set_status(self, status: WorkerStatus) -> None:
+        """Moves the status forward only: a drain that began while the model loaded is not undone by
+        the serve loop saying it is ready (the scheduler keeps a drain too)."""
         with self._lock:
-            if status != self._status:
+            if FORWARD.index(status) > FORWARD.index(self._status):
                 self._status = status
                 self.changed.set()
 
