@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-Outcome = Literal["queued", "failed"]
+NextStatus = Literal["queued", "failed"]
 
 
 def deadline(now: float, ttl_s: float) -> float:
     return now + ttl_s
 
 
-def after_expiry(attempts: int, max_attempts: int) -> Outcome:
+def after_expiry(attempts: int, max_attempts: int) -> NextStatus:
     """An expired lease requeues the task unless it has used all its attempts (poison jobs)."""
     return "queued" if attempts < max_attempts else "failed"
 
 
-def after_failure(retryable: bool, attempts: int, max_attempts: int) -> Outcome:
+def after_failure(retryable: bool, attempts: int, max_attempts: int) -> NextStatus:
     """A failure report requeues the task only when the worker says a retry can help."""
     return "queued" if retryable and attempts < max_attempts else "failed"

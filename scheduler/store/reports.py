@@ -16,7 +16,7 @@ from scheduler.store.database import Database, task_row
 from scheduler.store.lifecycle import HELD, WEBHOOK_ENDED, WEBHOOK_STARTED, end_cancelled, lease_held, release
 from scheduler.store.plans import Plan, Read, Write, WriteEach, one
 
-Outcome = TaskView | NotFound | Conflict
+Reported = TaskView | NotFound | Conflict
 
 
 class SQLReports:
@@ -31,14 +31,14 @@ class SQLReports:
     async def areport(self, task_id: str, rep: Report) -> TaskView:
         return _raised((await self.areport_many([(task_id, rep)]))[0])
 
-    def report_many(self, items: list[tuple[str, Report]]) -> list[Outcome]:
+    def report_many(self, items: list[tuple[str, Report]]) -> list[Reported]:
         """Several reports, each applied on its own and atomically: a refused one (NotFound, Conflict,
         returned in its place) changes nothing and does not stop the others."""
         if _alike(items):
             return self._store._run(self._round(items))
         return self._each(items)
 
-    async def areport_many(self, items: list[tuple[str, Report]]) -> list[Outcome]:
+    async def areport_many(self, items: list[tuple[str, Report]]) -> list[Reported]:
         if _alike(items):
             return await self._store._areports(self._round(items))
         return await self._store.acall(self._each, items)
@@ -62,13 +62,13 @@ class SQLReports:
         now = self._store.clock()
         moves = [self._move(task_id, rep, now) for task_id, rep in items]
         changed = {r["id"]: r for r in (yield WriteEach(moves[0].sql, [m.args for m in moves]))}
-        out: list[Outcome] = []
+        out: list[Reported] = []
         for task_id, rep in items:
             row = changed.get(task_id)
             out.append(self._store.view(row) if row is not None else (yield from self._refused(task_id, rep, now)))
         return out
 
-    def _each(self, items: list[tuple[str, Report]]) -> list[Outcome]:
+    def _each(self, items: list[tuple[str, Report]]) -> list[Reported]:
         now = self._store.clock()
         with self._store._tx() as db:
             done = [self._store._run_in(db, self._one(task_id, rep, now)) for task_id, rep in items]

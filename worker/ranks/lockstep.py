@@ -50,7 +50,7 @@ Command = Idle | Generate | Shutdown | Swap
 
 
 @dataclass
-class Outcome:
+class Generated:
     """One job of a round, on the coordinator."""
 
     picture: Picture | None  # None if a rank failed
@@ -62,8 +62,8 @@ class Outcome:
 
 
 def generate(engine: Engine, batches: Sequence[Sequence[Job]], ctx: DistContext, mode: str = "data",
-             group=None) -> list[Outcome]:
-    """Every rank calls this with the same round. The coordinator gets one Outcome per job, in round
+             group=None) -> list[Generated]:
+    """Every rank calls this with the same round. The coordinator gets one Generated per job, in round
     order (batch by batch); the other ranks get an empty list."""
     t0 = time.perf_counter()
     part = _run(engine, sharing.mine(batches, ctx.rank, mode), ctx)
@@ -80,9 +80,9 @@ def generate(engine: Engine, batches: Sequence[Sequence[Job]], ctx: DistContext,
         return []
     t2 = time.perf_counter()
     if errors:
-        return [Outcome(None, errors) for batch in batches for _ in batch]
+        return [Generated(None, errors) for batch in batches for _ in batch]
     round_ms = {"gather": (t2 - t1) * 1e3, "generate": (t2 - t0) * 1e3}
-    return [Outcome(picture, [], {**made.timings, **round_ms}, len(made.pictures), rank)
+    return [Generated(picture, [], {**made.timings, **round_ms}, len(made.pictures), rank)
             for rank, made in zip(makers, parts) for picture in made.pictures]
 
 

@@ -29,7 +29,7 @@ from worker.serving.state import WorkerState
 from worker.serving.swapping import Models
 from worker.serving.validation import advertised
 from worker.serving.watchdog import Watchdog
-from worker.storage import Store, build_store
+from worker.storage import ImageStore, build_store
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
                        stop, models, ops)
 
 
-def _stores(cfg: WorkerConfig) -> tuple[Store, Store | None]:
+def _stores(cfg: WorkerConfig) -> tuple[ImageStore, ImageStore | None]:
     """The results store and the quarantine (None: not kept), each checked writable."""
     store = build_store(cfg.storage)
     store.check_writable()

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Answer:
+class Receipt:
     """The scheduler's answer to one report: its status code (200 taken; 409 refused because the
     lease is lost or a client cancelled the task, as `detail` says), or None: not delivered in time."""
 
@@ -32,7 +32,7 @@ class Delivery:
         self._deadline_s = deadline_s  # retries of one call; then the lease expiry takes over
         self.batching = True  # off once the scheduler shows it has no POST /v1/reports
 
-    def send(self, reports: list[tuple[str, Report]], deadline_s: float | None = None) -> list[Answer]:
+    def send(self, reports: list[tuple[str, Report]], deadline_s: float | None = None) -> list[Receipt]:
         """One answer per (task id, report), in order: all in one call when there are several, else
         one call each. Several that cannot be delivered together are not sent again one by one."""
         deadline_s = deadline_s or self._deadline_s
@@ -44,7 +44,7 @@ class Delivery:
                 self.batching = False
         return [self._alone(task_id, report, deadline_s) for task_id, report in reports]
 
-    def _together(self, reports: list[tuple[str, Report]], deadline_s: float) -> list[Answer]:
+    def _together(self, reports: list[tuple[str, Report]], deadline_s: float) -> list[Receipt]:
         t0 = time.perf_counter()
         try:
             outcomes = self._client.report_many([TaskReport(task_id=t, **r.model_dump()) for t, r in reports],
@@ -52,16 +52,16 @@ class Delivery:
         except NotFound:
             raise
         except QueueError as e:
-            return [Answer(None, str(e)) for _ in reports]
+            return [Receipt(None, str(e)) for _ in reports]
         share_us = int((time.perf_counter() - t0) * 1e6 / len(reports))
-        return [Answer(out.status_code, out.detail, share_us) for out in outcomes]
+        return [Receipt(out.status_code, out.detail, share_us) for out in outcomes]
 
-    def _alone(self, task_id: str, report: Report, deadline_s: float) -> Answer:
+    def _alone(self, task_id: str, report: Report, deadline_s: float) -> Receipt:
         t0 = time.perf_counter()
         try:
             self._client.report(task_id, report, deadline_s=deadline_s)
         except LeaseLost as e:
-            return Answer(409, str(e))
+            return Receipt(409, str(e))
         except QueueError as e:
-            return Answer(None, str(e))
-        return Answer(200, elapsed_us=int((time.perf_counter() - t0) * 1e6))
+            return Receipt(None, str(e))
+        return Receipt(200, elapsed_us=int((time.perf_counter() - t0) * 1e6))

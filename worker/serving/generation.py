@@ -14,7 +14,7 @@ from worker.serving.task import Task
 
 
 def generate_round(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, ledger: Ledger,
-                   metrics: Metrics) -> list[lockstep.Outcome]:
+                   metrics: Metrics) -> list[lockstep.Generated]:
     """Each task's outcome, in the order of the batches."""
     jobs = tuple(tuple(t.job for t in batch) for batch in batches)
     round_ = [task for batch in batches for task in batch]

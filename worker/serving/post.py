@@ -24,12 +24,12 @@ from safety.guard import Guard
 from safety.verdicts import CheckFailed
 from worker.config import EncodeConfig
 from worker.model.job import Job
-from worker.ranks.lockstep import Outcome
+from worker.ranks.lockstep import Generated
 from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.results import PostResult, failure
 from worker.serving.state import WorkerState
 from worker.serving.task import Task
-from worker.storage import Artifact, ObjectConflict, StorageUnavailable, Store, UploadCorrupted
+from worker.storage import Artifact, ImageStore, ObjectConflict, StorageUnavailable, UploadCorrupted
 from worker.storage.encode import encode_image
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class PostStage:
     guard: Guard
-    store: Store
-    quarantine: Store | None  # where flagged images go for review; None: not kept
+    store: ImageStore
+    quarantine: ImageStore | None  # where flagged images go for review; None: not kept
     state: WorkerState  # told whether storage works (readiness)
     ledger: Ledger
     encode: EncodeConfig
@@ -52,7 +52,7 @@ class PostStage:
         # Its own threads: an encode queued behind the post pool's checks would not overlap them.
         self._encoder = ThreadPoolExecutor(self.workers, thread_name_prefix="encode")
 
-    def submit(self, task: Task, out: Outcome) -> Future:
+    def submit(self, task: Task, out: Generated) -> Future:
         """A Future of the task's PostResult."""
         return self._pool.submit(self.run, task, out)
 
@@ -60,7 +60,7 @@ class PostStage:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._encoder.shutdown(wait=False, cancel_futures=True)
 
-    def run(self, task: Task, out: Outcome) -> PostResult:
+    def run(self, task: Task, out: Generated) -> PostResult:
         self.ledger.advance(task, Stage.CHECK)
         encoded = self._encoder.submit(self._encode, task, out.picture.pixels)
         with task.timings.stage("image_check"):
@@ -86,7 +86,7 @@ class PostStage:
         self.ledger.advance(task, Stage.REPORT)  # reported in lease order
         return result
 
-    def _check(self, job: Job, out: Outcome, encoded: Future) -> ErrorEnvelope | None:
+    def _check(self, job: Job, out: Generated, encoded: Future) -> ErrorEnvelope | None:
         """Quality, then content. None when the image may be stored."""
         pixels = out.picture.pixels
         quality = self.guard.inspect(pixels, out.picture.nonfinite)
@@ -116,7 +116,7 @@ class PostStage:
         except Exception:
             log.exception("task %s: could not quarantine the flagged image", job.task_id)
 
-    def _stored(self, task: Task, out: Outcome, encoded: Future) -> PostResult:
+    def _stored(self, task: Task, out: Generated, encoded: Future) -> PostResult:
         job = task.job
         self.ledger.advance(task, Stage.ENCODE)
         data, content_type = encoded.result()  # usually done by now: it ran beside the checks

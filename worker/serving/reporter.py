@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from protocol import ErrorCode, ErrorEnvelope, Report, TaskResult, was_cancelled
-from worker.serving.delivery import Answer, Delivery
+from worker.serving.delivery import Receipt, Delivery
 from worker.serving.ledger import REPORTED, Counter, Ledger
 from worker.serving.metrics import Metrics
 from worker.serving.queue_client import QueueClient
@@ -39,7 +39,7 @@ class Reporter:
         answers = self.delivery.send([(t.id, self._report(t, "processing")) for t in tasks])
         return [t for t, answer in zip(tasks, answers) if self._may_run(t, answer)]
 
-    def _may_run(self, task: Task, answer: Answer) -> bool:
+    def _may_run(self, task: Task, answer: Receipt) -> bool:
         if answer.code == 200:
             return True
         if answer.code == 409:
@@ -106,7 +106,7 @@ class Receipts:
         self._metrics = metrics
         self._discard = discard  # removes a stored result whose task a client cancelled meanwhile
 
-    def answered(self, task: Task, report: Report, answer: Answer) -> None:
+    def answered(self, task: Task, report: Report, answer: Receipt) -> None:
         if answer.code == 200:
             self._delivered(task, report, answer.elapsed_us)
         elif answer.code == 409:

@@ -7,20 +7,20 @@ from __future__ import annotations
 from worker.config import StoreTarget
 from worker.storage.base import (
     Artifact,
+    ImageStore,
     ObjectConflict,
     StorageConfigError,
     StorageUnavailable,
-    Store,
     StoredObject,
     UploadCorrupted,
 )
 from worker.storage.local import LocalStore
 
-__all__ = ["Artifact", "LocalStore", "ObjectConflict", "StorageConfigError", "StorageUnavailable", "Store",
+__all__ = ["Artifact", "ImageStore", "LocalStore", "ObjectConflict", "StorageConfigError", "StorageUnavailable",
            "StoredObject", "UploadCorrupted", "build_store"]
 
 
-def build_store(cfg: StoreTarget) -> Store:
+def build_store(cfg: StoreTarget) -> ImageStore:
     if cfg.kind == "local":
         return LocalStore(cfg.local.root)
     if cfg.kind == "gcs":

@@ -1,5 +1,5 @@
 """What every store shares: the encoded result to store (Artifact), what it became (StoredObject),
-the errors a store raises, and the Store interface.
+the errors a store raises, and the ImageStore interface.
 
 Object names derive from the task id (and its submission date), and a store creates an object once,
 never overwriting it: an attempt that finds its task's object already stored takes that object as
@@ -60,7 +60,7 @@ class UploadCorrupted(RuntimeError):
     """The store holds other bytes than were sent; the object was removed, a retry may succeed."""
 
 
-class Store(Protocol):
+class ImageStore(Protocol):
     def check_writable(self) -> None:
         """Raises with a clear message if results cannot be stored; called before 'ready'."""
 

@@ -16,7 +16,7 @@ from safety.verdicts import Verdict
 from worker.config import EncodeConfig
 from worker.model.engine import Picture
 from worker.model.job import Job
-from worker.ranks.lockstep import Outcome
+from worker.ranks.lockstep import Generated
 from worker.serving import post as post_module
 from worker.serving.ledger import Ledger, Stage
 from worker.serving.post import PostStage
@@ -87,7 +87,7 @@ def test_the_encoder_runs_while_the_image_check_looks_and_the_image_is_stored(tm
     check = WaitingImageCheck(encoded)
     post, ledger = make(tmp_path, check)
     task = held_task(ledger, "png")
-    result = post.submit(task, Outcome(Picture(PIXELS), [])).result(30)
+    result = post.submit(task, Generated(Picture(PIXELS), [])).result(30)
     post.shutdown()
     assert check.saw_encoded == [True]
     assert isinstance(result, TaskResult) and result.content_type == "image/png"
@@ -100,7 +100,7 @@ def test_a_refused_image_is_never_stored_and_quarantine_keeps_the_bytes_already_
     check = WaitingImageCheck(encoded, refuse=True)
     post, ledger = make(tmp_path, check, quarantine=True)
     task = held_task(ledger)
-    result = post.submit(task, Outcome(Picture(PIXELS), [])).result(30)
+    result = post.submit(task, Generated(Picture(PIXELS), [])).result(30)
     post.shutdown()
     assert result.code == ErrorCode.UNSAFE_IMAGE and not result.retryable
     assert stored(tmp_path / "out") == []
@@ -117,6 +117,6 @@ def test_a_task_cancelled_while_its_image_is_checked_is_not_stored(tmp_path, enc
 
     post, ledger = make(tmp_path, CancelDuringCheck(encoded))
     task = held_task(ledger)
-    result = post.submit(task, Outcome(Picture(PIXELS), [])).result(30)
+    result = post.submit(task, Generated(Picture(PIXELS), [])).result(30)
     post.shutdown()
     assert result.code == ErrorCode.CANCELLED and stored(tmp_path / "out") == []
