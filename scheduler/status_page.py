@@ -20,7 +20,7 @@ from PIL import Image
 
 from protocol import QueueFigures, TaskView, WorkerView
 from scheduler.results import local_path
-from scheduler.store import NotFound, Store
+from scheduler.store import Store, Unknown
 from scheduler.store.lifecycle import CLOSED, R
 
 HOUR_S = 3600
@@ -138,20 +138,20 @@ def thumb_src(task: TaskView) -> str | None:
 
 
 def thumbnail(store: Store, roots: tuple[Path, ...], task_id: str) -> bytes:
-    """A small PNG of a succeeded task's local result. NotFound unless the file lies under one of
+    """A small PNG of a succeeded task's local result. Unknown unless the file lies under one of
     `roots` (resolved, so ../ and symlinks cannot leave them) and opens as an image."""
     task = store.tasks.get(task_id)
     if task.status != "succeeded" or task.result is None or not task.result.uri.startswith("file://"):
-        raise NotFound(f"task {task_id} has no local result")
+        raise Unknown(f"task {task_id} has no local result")
     if (path := local_path(task.result.uri, roots)) is None:
-        raise NotFound(f"task {task_id}'s result is outside the results roots (--results-root)")
+        raise Unknown(f"task {task_id}'s result is outside the results roots (--results-root)")
     try:
         with Image.open(path) as img:
             img.thumbnail((THUMB_PX, THUMB_PX))
             out = io.BytesIO()
             img.convert("RGB").save(out, "PNG", optimize=False)
     except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise NotFound(f"task {task_id}'s result cannot be read: {e}") from e
+        raise Unknown(f"task {task_id}'s result cannot be read: {e}") from e
     return out.getvalue()
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from scheduler.api.admission import Admission
+from scheduler.api.gate import SubmitGate
 from scheduler.api.cache import Cached
 from scheduler.api.services import Services
 from scheduler.config import ApiConfig
@@ -74,8 +74,8 @@ async def watch_of(request: Request) -> TaskWatch:
     return services_of(request).watch
 
 
-async def admission_of(request: Request) -> Admission:
-    return services_of(request).admission
+async def gate_of(request: Request) -> SubmitGate:
+    return services_of(request).gate
 
 
 async def status_page_of(request: Request) -> Cached[str]:
@@ -93,5 +93,5 @@ ApiDep = Annotated[ApiConfig, Depends(api_settings)]
 MetricsDep = Annotated[SchedulerMetrics, Depends(metrics_of)]
 WaitersDep = Annotated[Waiters, Depends(waiters_of)]
 WatchDep = Annotated[TaskWatch, Depends(watch_of)]
-AdmissionDep = Annotated[Admission, Depends(admission_of)]
+GateDep = Annotated[SubmitGate, Depends(gate_of)]
 StatusPageDep = Annotated[Cached[str], Depends(status_page_of)]

@@ -1,5 +1,5 @@
-"""Errors as clients and workers see them, mapped once for the whole app: the store's NotFound is a
-404 and its Conflict (Cancelled too) a 409, each with the store's message as `detail` (the worker
+"""Errors as clients and workers see them, mapped once for the whole app: the store's Unknown is a
+404 and its Refused (Cancelled too) a 409, each with the store's message as `detail` (the worker
 reads a cancel from a 409's detail); a request that does not validate is a 422 naming each field."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from scheduler.store import Conflict, NotFound
+from scheduler.store import Refused, Unknown
 
-STATUS_OF: dict[type[Exception], int] = {NotFound: 404, Conflict: 409}  # subclasses (Cancelled) by their base
+STATUS_OF: dict[type[Exception], int] = {Unknown: 404, Refused: 409}  # subclasses (Cancelled) by their base
 
 
 def install(app: FastAPI) -> None:

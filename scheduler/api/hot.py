@@ -75,8 +75,8 @@ class HotPath:
         request = Request(scope, receive)
         if not admits(getattr(services.secrets, hot.tokens), bearer_credentials(request.headers.get("authorization"))):
             return await self.app(scope, receive, send)  # FastAPI's 401
-        if hot.sheds and (busy := services.admission.busy(1)) is not None:
-            # Its route's own 429 (Admission.taking), for a fraction of the CPU: a saturated process
+        if hot.sheds and (busy := services.gate.busy(1)) is not None:
+            # Its route's own 429 (SubmitGate.taking), for a fraction of the CPU: a saturated process
             # must not spend on the submits it refuses what it lacks for those it serves.
             scope.update(child)
             return await self._handled(busy, request, scope, receive, send)

@@ -10,7 +10,7 @@ from scheduler.api.auth import worker_auth
 from scheduler.api.deps import ServicesDep
 from scheduler.api.errors import status_of
 from scheduler.api.services import Services
-from scheduler.store import Cancelled, Conflict, NotFound
+from scheduler.store import Cancelled, Refused, Unknown
 
 router = APIRouter(tags=["workers"], dependencies=[Depends(worker_auth)])
 
@@ -51,7 +51,7 @@ async def report_one(svc: Services, task_id: str, body: Report) -> Answer:
     metrics, waiters, watch = svc.metrics, svc.waiters, svc.watch
     try:
         task = await svc.store.reports.areport(task_id, body)
-    except (NotFound, Conflict) as e:  # counted here, answered by the app's handler (errors.py)
+    except (Unknown, Refused) as e:  # counted here, answered by the app's handler (errors.py)
         metrics.reports.labels(body.status, _outcome(e)).inc()
         if _ended(e):
             watch.ended([task_id])
@@ -73,4 +73,4 @@ def _outcome(out: object) -> str:
     """The metric's outcome label."""
     if isinstance(out, Cancelled):
         return "cancelled"
-    return "not_found" if isinstance(out, NotFound) else "conflict" if isinstance(out, Conflict) else "accepted"
+    return "not_found" if isinstance(out, Unknown) else "conflict" if isinstance(out, Refused) else "accepted"

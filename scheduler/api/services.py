@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.api.admission import Admission
+from scheduler.api.gate import SubmitGate
 from scheduler.api.cache import Cached
 from scheduler.config import ApiConfig, Secrets
 from scheduler.metrics import SchedulerMetrics
@@ -21,7 +21,7 @@ class Services:
     metrics: SchedulerMetrics
     waiters: Waiters  # lease requests waiting for work
     watch: TaskWatch  # clients waiting for tasks to end
-    admission: Admission  # the queue's room and each client's rate
+    gate: SubmitGate  # the queue's room and each client's rate
     # The status page's reads scan the last hour (about 1 s at a million tasks an hour on SQLite):
     # one gather serves every viewer for `status_cache_s`, however many browsers refresh.
     status_page: Cached[str]
@@ -30,7 +30,7 @@ class Services:
     def make(cls, store: Store, api: ApiConfig, secrets: Secrets, metrics: SchedulerMetrics) -> Services:
         """On the event loop that serves the app."""
         return cls(store, api, secrets, metrics, Waiters(api.poll_s), TaskWatch(store, api.wait_poll_s),
-                   Admission(store, api, metrics), Cached(""))
+                   SubmitGate(store, api, metrics), Cached(""))
 
     def stop_waiting(self) -> None:
         """The process is stopping: waiting lease requests and clients are answered now."""

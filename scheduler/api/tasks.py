@@ -22,7 +22,7 @@ from protocol import (
 from scheduler.api.answer import Answer
 from scheduler.api.auth import client_auth
 from scheduler.api.deps import (
-    AdmissionDep,
+    GateDep,
     ServicesDep,
     ApiDep,
     MetricsDep,
@@ -34,7 +34,7 @@ from scheduler.api.deps import (
     WatchDep,
 )
 from scheduler.api.services import Services
-from scheduler.store import Conflict
+from scheduler.store import Refused
 
 router = APIRouter(tags=["clients"], dependencies=[Depends(client_auth)])
 
@@ -49,11 +49,11 @@ async def submit(body: SubmitTask, request: Request, svc: ServicesDep,
 
 async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: str | None) -> Answer:
     """201 and the task; 200 for an idempotent replay; with `Prefer: wait=N`, once it ends or N passed."""
-    with svc.admission.taking(1):
-        await svc.admission.check([body], request)
+    with svc.gate.taking(1):
+        await svc.gate.check([body], request)
         try:
             task, created = await svc.store.tasks.asubmit(body)
-        except Conflict:
+        except Refused:
             svc.metrics.submissions.labels("conflict").inc()
             raise
     svc.metrics.submissions.labels("created" if created else "replayed").inc()
@@ -67,14 +67,14 @@ async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: 
 
 
 @router.post("/v1/tasks/batch", status_code=201, response_model=SubmittedBatch, responses={409: {}, 429: {}})
-async def submit_batch(body: SubmitBatch, request: Request, tasks: TasksDep, call: StoreCall, admission: AdmissionDep,
+async def submit_batch(body: SubmitBatch, request: Request, tasks: TasksDep, call: StoreCall, gate: GateDep,
                        metrics: MetricsDep, waiters: WaitersDep) -> SubmittedBatch:
     """Many tasks in one call and one transaction: all are stored, or none."""
-    with admission.taking(len(body.tasks)):
-        await admission.check(body.tasks, request)
+    with gate.taking(len(body.tasks)):
+        await gate.check(body.tasks, request)
         try:
             out = await call(tasks.submit_many, body.tasks)
-        except Conflict:
+        except Refused:
             metrics.submissions.labels("conflict").inc(len(body.tasks))
             raise
     created = sum(c for _, c in out)

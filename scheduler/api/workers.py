@@ -22,7 +22,7 @@ from protocol import (
 )
 from scheduler.api.answer import Answer
 from scheduler.api.auth import client_auth, reader_auth, worker_auth
-from scheduler.api.deps import AdmissionDep, ServicesDep, StoreDep, WaitersDep, WorkersDep
+from scheduler.api.deps import GateDep, ServicesDep, StoreDep, WaitersDep, WorkersDep
 from scheduler.api.services import Services
 from scheduler.store import Reports
 from scheduler.metrics import prometheus_targets
@@ -34,9 +34,9 @@ auth = [Depends(worker_auth)]
 
 @router.post("/v1/workers", status_code=201, response_model=Registered, dependencies=auth)
 async def register(body: RegisterWorker, store: StoreDep, workers: WorkersDep, waiters: WaitersDep,
-                   admission: AdmissionDep) -> Registered:
+                   gate: GateDep) -> Registered:
     worker_id, requeued = await store.acall(workers.register, body)
-    admission.fleet_changed()  # its limits count for the next submission
+    gate.fleet_changed()  # its limits count for the next submission
     log.info("registered %s: %s, %d rank(s), model %s, node %s", worker_id, body.hostname,
              body.world_size, body.model, body.node_id)
     if requeued:
@@ -77,7 +77,7 @@ async def lease_for(svc: Services, worker_id: str, body: LeaseRequest, request: 
         got = []
     if not got:
         return Answer(204)
-    svc.admission.backlog.taken(len(got))
+    svc.gate.backlog.taken(len(got))
     metrics.leases.inc(len(got))
     return Answer.of(LeaseResponse(leases=got))
 
@@ -101,5 +101,5 @@ async def heartbeat_of(svc: Services, worker_id: str, body: Heartbeat) -> Answer
     """The leases renewed, those lost and those cancelled."""
     reply = await svc.store.acall(svc.store.workers.heartbeat, worker_id, body)
     if body.status in (RegistrationStatus.DRAINING, RegistrationStatus.DRAINED):
-        svc.admission.fleet_changed()  # it takes no new tasks: its limits no longer count
+        svc.gate.fleet_changed()  # it takes no new tasks: its limits no longer count
     return Answer.of(reply)

@@ -67,7 +67,7 @@ class ApiConfig(Section):
     client_tokens_env: str = Field("DIT_CLIENT_TOKENS", min_length=1, description="comma-separated tokens")
     webhook_secret_env: str = Field("DIT_WEBHOOK_SECRET", min_length=1, description="HMAC-SHA256 key")
     max_queued: int = Field(100_000, ge=0, description="429 to clients beyond this backlog")
-    # Admission weighs each submission against the queue's depth per priority, the drain rate and the
+    # SubmitGate weighs each submission against the queue's depth per priority, the drain rate and the
     # live workers' limits as read at most this often (plus what this process admitted and leased
     # since): a count per submit grows with the backlog. 0: read on every submission.
     admission_read_s: float = Field(1.0, ge=0, description="admission reads the queue's depth and the fleet "
@@ -81,8 +81,8 @@ class ApiConfig(Section):
     # submit would wait its turn for many seconds (30 s timeouts were seen) and slow the leases and
     # reports that drain the queue. So while even the fastest submit of the last 100 ms took longer
     # than this to be checked and stored (a standing queue, not a burst), only as many submits as it
-    # stores in this time are let in, and the rest get a 429 at once (admission.Pace). Workers' calls
-    # are never refused for this. 0: never.
+    # stores in this time are let in, and the rest get a 429 at once (gate.StandingQueue). Workers'
+    # calls are never refused for this. 0: never.
     max_submit_s: float = Field(0.25, ge=0, description="429 to submits while this process takes longer than "
                                 "this to take one in (the fastest of the last 100 ms); 0: never")
     # A task's input is a prompt and a few numbers.

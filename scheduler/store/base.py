@@ -26,15 +26,15 @@ from protocol import (
 )
 
 
-class NotFound(Exception):
-    pass
+class Unknown(Exception):
+    """No such task or worker (a worker that drained is unknown too: it registers again). HTTP 404."""
 
 
-class Conflict(Exception):
-    """Idempotency-key reuse with another body, or a report whose lease is not current (stale)."""
+class Refused(Exception):
+    """Idempotency-key reuse with another body, or a report whose lease is not current (stale). HTTP 409."""
 
 
-class Cancelled(Conflict):
+class Cancelled(Refused):
     """A report on a task a client cancelled: refused, and the task is now `cancelled`."""
 
 
@@ -112,15 +112,15 @@ class Reports(Protocol):
 
     async def areport(self, task_id: str, rep: Report) -> TaskView: ...
 
-    def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]:
+    def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | Unknown | Refused]:
         """Each report applied on its own, atomically, in order; a refused one returned as its error."""
 
-    async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | NotFound | Conflict]: ...
+    async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | Unknown | Refused]: ...
 
     def cancel(self, task_id: str) -> TaskView:
         """Queued: `cancelled` at once. Leased or processing: marked (cancel_requested_at); its
         worker learns it from the heartbeat reply and any later report ends it `cancelled`; its lease
-        expiring does too. Conflict when the task has already ended."""
+        expiring does too. Refused when the task has already ended."""
 
 
 class Upkeep(Protocol):

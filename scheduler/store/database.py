@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from protocol import TaskView
-from scheduler.store.base import NotFound, task_view
+from scheduler.store.base import Unknown, task_view
 from scheduler.store.plans import Plan, Read, Step, WriteEach, drive
 from scheduler.store.routing import Route
 
@@ -160,5 +160,5 @@ class Database:
 def task_row(db: Any, task_id: str, lock: str = "") -> Any:
     row = db.execute(f"SELECT * FROM tasks WHERE id = ?{lock}", (task_id,)).fetchone()
     if row is None:
-        raise NotFound(f"no task {task_id}")
+        raise Unknown(f"no task {task_id}")
     return row

@@ -11,12 +11,12 @@ from typing import Any
 
 from protocol import CANCELLED_MARK, FINAL_STATUSES, Report, TaskView
 from scheduler import leases
-from scheduler.store.base import Cancelled, Conflict, NotFound
+from scheduler.store.base import Cancelled, Refused, Unknown
 from scheduler.store.database import Database, task_row
 from scheduler.store.lifecycle import HELD, WEBHOOK_ENDED, WEBHOOK_STARTED, end_cancelled, lease_held, release
 from scheduler.store.plans import Plan, Read, Write, WriteEach, one
 
-Reported = TaskView | NotFound | Conflict
+Reported = TaskView | Unknown | Refused
 
 
 class SQLReports:
@@ -32,7 +32,7 @@ class SQLReports:
         return _raised((await self.areport_many([(task_id, rep)]))[0])
 
     def report_many(self, items: list[tuple[str, Report]]) -> list[Reported]:
-        """Several reports, each applied on its own and atomically: a refused one (NotFound, Conflict,
+        """Several reports, each applied on its own and atomically: a refused one (Unknown, Refused,
         returned in its place) changes nothing and does not stop the others."""
         if _alike(items):
             return self._store._run(self._round(items))
@@ -48,7 +48,7 @@ class SQLReports:
         with self._store._tx() as db:
             row = task_row(db, task_id, self._store.LOCK_ROW)
             if row["status"] in FINAL_STATUSES:
-                raise Conflict(f"task {task_id} has already ended ({row['status']}); nothing to cancel")
+                raise Refused(f"task {task_id} has already ended ({row['status']}); nothing to cancel")
             if row["status"] in HELD:  # its worker learns it; its next report or lease expiry ends it
                 row = db.execute("UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, ?),"
                                  " updated_at = ? WHERE id = ? RETURNING *", (now, now, task_id)).fetchone()
@@ -114,11 +114,11 @@ class SQLReports:
         worker says, the task ends here if the lease is still current); or the lease is not current."""
         found = yield Read("SELECT status, cancel_requested_at FROM tasks WHERE id = ?", (task_id,))
         if not found:
-            return NotFound(f"no task {task_id}")
+            return Unknown(f"no task {task_id}")
         held = lease_held(rep.worker_id, now, rep.lease_token)
         if found[0]["cancel_requested_at"] is not None and (yield end_cancelled(task_id, _worker_said(rep), now, held)):
             return Cancelled(f"task {task_id} {CANCELLED_MARK}; its {rep.status} report is refused")
-        return Conflict(f"lease on task {task_id} is not held by this token (status {found[0]['status']})")
+        return Refused(f"lease on task {task_id} is not held by this token (status {found[0]['status']})")
 
 
 def _fence(task_id: str, rep: Report, now: float) -> tuple[str, tuple]:

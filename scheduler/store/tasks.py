@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from protocol import FINAL_STATUSES, ModelFigures, QueueFigures, SubmitTask, TaskView
-from scheduler.store.base import Conflict
+from scheduler.store.base import Refused
 from scheduler.store.database import Database, task_row
 from scheduler.drain import DRAIN_MIN_TASKS, DRAIN_WINDOW_S, queue_wait_s
 from scheduler.store.lifecycle import HELD, INITIAL, TAKING, status_in
@@ -31,7 +31,7 @@ class SQLTasks:
         return view, created
 
     def submit_many(self, reqs: list[SubmitTask]) -> list[tuple[TaskView, bool]]:
-        """Every task in one transaction: all are stored, or none (a Conflict names the key)."""
+        """Every task in one transaction: all are stored, or none (a Refused names the key)."""
         now = self._store.clock()
         with self._store._tx() as db:
             out = [self._store._run_in(db, self._submit(req, now, announce=False)) for req in reqs]
@@ -52,9 +52,9 @@ class SQLTasks:
             if row is not None:
                 break
         if row is None:
-            raise Conflict(f"idempotency_key {req.idempotency_key!r} is being reused as its task is removed; retry")
+            raise Refused(f"idempotency_key {req.idempotency_key!r} is being reused as its task is removed; retry")
         if json.loads(row["input"]) != req.input or row["priority"] != req.priority or row["model"] != req.model:
-            raise Conflict(f"idempotency_key {req.idempotency_key!r} was used with another body")
+            raise Refused(f"idempotency_key {req.idempotency_key!r} was used with another body")
         return self._store.view(row), False
 
     def _insert(self, req: SubmitTask, now: float, announce: bool) -> tuple[str, tuple]:

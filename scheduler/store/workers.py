@@ -10,7 +10,7 @@ from typing import Any
 
 from protocol import ErrorCode, Heartbeat, HeartbeatReply, RegisterWorker, RegistrationStatus, WorkerLimits, WorkerModels, WorkerView
 from scheduler import leases
-from scheduler.store.base import NotFound, worker_view
+from scheduler.store.base import Unknown, worker_view
 from scheduler.store.database import Database
 from scheduler.store.lifecycle import REGISTERED, TAKING, lease_held, registration_sources, status_in
 from scheduler.store.reclaim import Reclaimed, retire, settle, take_back
@@ -133,12 +133,12 @@ def require_worker(db: Any, worker_id: str) -> None:
 
 
 def check_registration(rows: list, worker_id: str) -> None:
-    """NotFound (the worker registers again) for an unknown worker, and for a drained one: it said it
+    """Unknown (the worker registers again) for an unknown worker, and for a drained one: it said it
     was leaving, so a lease or heartbeat on its registration is a bug or a reused id, never work."""
     if not rows:
-        raise NotFound(f"no worker {worker_id}; register first")
+        raise Unknown(f"no worker {worker_id}; register first")
     if rows[0]["status"] == DRAINED:
-        raise NotFound(f"worker {worker_id} has drained and left; register again")
+        raise Unknown(f"worker {worker_id} has drained and left; register again")
 
 
 @functools.lru_cache(maxsize=64)

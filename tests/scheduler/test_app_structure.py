@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from launch.local import REPO
 from scheduler.app import create_app
 from scheduler.config import ApiConfig
-from scheduler.store import Cancelled, Conflict, NotFound
+from scheduler.store import Cancelled, Refused, Unknown
 
 SCHEDULER = REPO / "scheduler"
 ROUTES = ["tasks.py", "workers.py", "reports.py", "ops.py", "status.py"]
@@ -117,8 +117,8 @@ HEARTBEAT = {"status": "ready", "in_flight": [], "timestamp": 0.0}
 
 
 @pytest.mark.parametrize("error, code", [
-    (NotFound("no task t-1"), 404),
-    (Conflict("idempotency key k reused with another body"), 409),
+    (Unknown("no task t-1"), 404),
+    (Refused("idempotency key k reused with another body"), 409),
     (Cancelled("t-1 was cancelled by a client"), 409),
 ])
 @pytest.mark.parametrize("method, path, body", [

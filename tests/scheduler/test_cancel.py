@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from protocol import Heartbeat, Report
-from scheduler.store import Cancelled, Conflict, NotFound
+from scheduler.store import Cancelled, Refused, Unknown
 from tests.scheduler.test_store import fail, ok, submit, worker
 
 
@@ -21,7 +21,7 @@ def test_a_queued_task_is_cancelled_at_once_and_never_leased(store):
     done = store.reports.cancel(t.id)
     assert done.status == "cancelled" and done.error.code == "cancelled" and done.finished_at is not None
     assert store.claims.claim(w, 5) == []
-    with pytest.raises(Conflict, match="already ended"):
+    with pytest.raises(Refused, match="already ended"):
         store.reports.cancel(t.id)
     assert store.tasks.get(t.id).updated_at == done.updated_at  # a second cancel changes nothing
 
@@ -39,7 +39,7 @@ def test_a_held_task_is_marked_its_worker_is_told_and_its_success_is_refused(sto
         store.reports.report(t.id, ok(lease.lease_token, w))
     ended = store.tasks.get(t.id)
     assert ended.status == "cancelled" and ended.result is None
-    with pytest.raises(Conflict):  # and it stays cancelled
+    with pytest.raises(Refused):  # and it stays cancelled
         store.reports.report(t.id, ok(lease.lease_token, w))
 
 
@@ -78,12 +78,12 @@ def test_an_expired_lease_on_a_cancelled_task_ends_it_instead_of_requeueing(stor
 
 def test_cancelling_an_unknown_or_finished_task(store):
     w = worker(store)
-    with pytest.raises(NotFound):
+    with pytest.raises(Unknown):
         store.reports.cancel("nope")
     t = submit(store)
     (lease,) = store.claims.claim(w, 1)
     store.reports.report(t.id, ok(lease.lease_token, w))
     before = store.tasks.get(t.id)
-    with pytest.raises(Conflict, match="already ended \\(succeeded\\)"):
+    with pytest.raises(Refused, match="already ended \\(succeeded\\)"):
         store.reports.cancel(t.id)
     assert store.tasks.get(t.id) == before

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import FINAL_STATUSES, Report, SubmitTask
-from scheduler.store import Conflict, NotFound, SQLiteStore
+from scheduler.store import Refused, SQLiteStore, Unknown
 from scheduler.store.lifecycle import INITIAL, TRANSITIONS
 from tests.harness import Clock
 from tests.scheduler.test_store import fail, ok, worker
@@ -49,7 +49,7 @@ def run(store, clock, actions) -> None:
         elif action == "cancel" and task_id:
             try:
                 view = store.reports.cancel(task_id)
-            except Conflict:
+            except Refused:
                 assert store.tasks.get(task_id).status in FINAL_STATUSES
             else:
                 cancelled_at[task_id] = clock.now
@@ -69,7 +69,7 @@ def run(store, clock, actions) -> None:
                 report = Report(worker_id=wid, lease_token=token, status=action)
             try:
                 store.reports.report(task_id, report)
-            except (Conflict, NotFound):
+            except (Refused, Unknown):
                 pass
         check(store, ids, final, cancelled_at, seen)
 

@@ -8,7 +8,7 @@ import sqlite3
 import threading
 
 from protocol import Heartbeat, RegisterWorker, SubmitTask
-from scheduler.store import Conflict, NotFound, SQLiteStore
+from scheduler.store import Refused, SQLiteStore, Unknown
 from tests.scheduler.commits import OnCommit
 
 
@@ -57,7 +57,7 @@ def test_a_call_that_fails_undoes_only_itself(tmp_path):
         out = await asyncio.gather(store.acall(store.tasks.submit_many, [SubmitTask(input={"prompt": "b"}), other]),
                                    store.acall(store.tasks.submit, SubmitTask(input={"prompt": "c"})),
                                    return_exceptions=True)
-        assert isinstance(out[0], Conflict) and not isinstance(out[1], Exception)
+        assert isinstance(out[0], Refused) and not isinstance(out[1], Exception)
 
     on_loop(store, scenario)
     store.close()
@@ -75,7 +75,7 @@ def test_reads_in_a_plan_see_the_groups_earlier_writes(tmp_path):
         # its registration. Read from the last commit, it would still look ready and get an empty lease.
         drained = store.acall(store.workers.heartbeat, wid, Heartbeat(status="drained", timestamp=0))
         out = await asyncio.gather(drained, store.claims.aclaim(wid, 1), return_exceptions=True)
-        assert isinstance(out[1], NotFound) and "drained" in str(out[1])
+        assert isinstance(out[1], Unknown) and "drained" in str(out[1])
 
     on_loop(store, scenario)
     store.close()

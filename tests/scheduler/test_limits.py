@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from protocol import RegisterWorker, Report, TaskResult
-from scheduler.api.admission import Pace
+from scheduler.api.gate import StandingQueue
 from scheduler.app import create_app
 from scheduler.config import ApiConfig
 from scheduler.limits import IDLE_FLEET_RETRY_S, RateLimit, client_key, retry_after_s
@@ -112,7 +112,7 @@ def test_no_wait_bound_until_enough_tasks_have_ended_to_measure_a_pace(make_stor
 
 def test_pace_lets_in_what_is_stored_within_the_target_once_a_queue_of_submits_was_slow():
     clock = Clock()
-    pace = Pace(target_s=0.25, clock=clock)
+    pace = StandingQueue(target_s=0.25, clock=clock)
 
     def judged() -> float:
         """The room the interval just ended leaves for the next (it is judged at the next check)."""
@@ -129,7 +129,7 @@ def test_pace_lets_in_what_is_stored_within_the_target_once_a_queue_of_submits_w
             pace.leave(t)
         return judged()
 
-    clock.now += Pace.INTERVAL_S
+    clock.now += StandingQueue.INTERVAL_S
     assert judged() == math.inf  # idle
     assert together(20, 0.9, fast=1) == math.inf  # a burst: one went through fast
     # A queue, all slow: 40 stored in 0.3 s is 133/s, so 33 may be in flight (0.25 s of them).
@@ -138,10 +138,10 @@ def test_pace_lets_in_what_is_stored_within_the_target_once_a_queue_of_submits_w
     assert not pace.behind()
     tokens.append(pace.enter())
     assert pace.behind()  # the 34th would be refused
-    clock.now += Pace.INTERVAL_S
+    clock.now += StandingQueue.INTERVAL_S
     for t in tokens:
         pace.leave(t)
-    clock.now += Pace.INTERVAL_S
+    clock.now += StandingQueue.INTERVAL_S
     assert judged() == math.inf  # they went through within the target
     for _ in range(10):  # slow, but one at a time: not a queue
         t = pace.enter()
@@ -152,22 +152,22 @@ def test_pace_lets_in_what_is_stored_within_the_target_once_a_queue_of_submits_w
 
 def test_pace_a_queue_that_stores_nothing_is_behind_once_its_oldest_waited_past_the_target():
     clock = Clock()
-    pace = Pace(target_s=0.25, clock=clock)
-    tokens = [pace.enter() for _ in range(Pace.MIN_QUEUE)]
+    pace = StandingQueue(target_s=0.25, clock=clock)
+    tokens = [pace.enter() for _ in range(StandingQueue.MIN_QUEUE)]
     for _ in range(2):  # 0.1, then 0.2 s without a store: a pause, not yet a queue
-        clock.now += Pace.INTERVAL_S
+        clock.now += StandingQueue.INTERVAL_S
         assert not pace.behind() and pace.room == math.inf
-    clock.now += Pace.INTERVAL_S
-    assert pace.behind() and pace.room == Pace.MIN_QUEUE  # 0.3 s: behind, room for those in flight
+    clock.now += StandingQueue.INTERVAL_S
+    assert pace.behind() and pace.room == StandingQueue.MIN_QUEUE  # 0.3 s: behind, room for those in flight
     for t in tokens:
         pace.leave(t)
-    clock.now += Pace.INTERVAL_S
+    clock.now += StandingQueue.INTERVAL_S
     pace.behind()  # they took 0.3 s: still slow, at the pace they were stored (40/s: room for 10)
     assert pace.room == 10 and not pace.behind()
-    clock.now += Pace.INTERVAL_S
+    clock.now += StandingQueue.INTERVAL_S
     pace.behind()
     assert pace.room == math.inf  # nothing in flight: no queue
-    assert not Pace(target_s=0, clock=clock).behind()  # off
+    assert not StandingQueue(target_s=0, clock=clock).behind()  # off
 
 
 @pytest.mark.parametrize("hot_path", [True, False], ids=["hot-path", "fastapi"])
@@ -176,8 +176,8 @@ def test_submits_are_429_at_once_while_the_process_is_behind_and_workers_are_sti
     # Every interval is judged at the next submit, any submit is slow, and one is a queue: with one
     # in flight and none stored, the process is behind with room for one, so the next is refused;
     # once it is stored, there is room again.
-    monkeypatch.setattr(Pace, "INTERVAL_S", 0.0)
-    monkeypatch.setattr(Pace, "MIN_QUEUE", 1)  # one in flight is a queue, and the room it leaves
+    monkeypatch.setattr(StandingQueue, "INTERVAL_S", 0.0)
+    monkeypatch.setattr(StandingQueue, "MIN_QUEUE", 1)  # one in flight is a queue, and the room it leaves
     store = SQLiteStore(tmp_path / "s.db")
     gate, entered = threading.Event(), threading.Event()
     stored = store.tasks.asubmit
@@ -211,7 +211,7 @@ def test_submits_are_429_at_once_while_the_process_is_behind_and_workers_are_sti
 
 def test_pace_tells_the_refused_to_come_back_spread_out_at_the_pace_it_stored_submits():
     clock = Clock()
-    pace = Pace(target_s=0.25, clock=clock)
+    pace = StandingQueue(target_s=0.25, clock=clock)
     assert pace.come_back_s() == 1  # nothing measured yet
     clock.now += 10.0
     pace.behind()  # an idle interval, judged; the ten below push it out

@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from protocol import RegisterWorker, SubmitTask
-from scheduler.store import NotFound, SQLiteStore
+from scheduler.store import SQLiteStore, Unknown
 from tests.scheduler.conftest import STORE_BACKENDS
 
 DEADLINE_S = 10.0
@@ -103,7 +103,7 @@ def test_the_loops_first_read_in_the_turn_a_group_opened_does_not_wait_for_it(ma
         looked = asyncio.ensure_future(s.acall(fn, *args))
         results = await asyncio.gather(wrote, looked, return_exceptions=True)
         for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, NotFound):
+            if isinstance(r, BaseException) and not isinstance(r, Unknown):
                 raise r
 
     assert finishes(scenario, store), f"the loop waited for itself: {read} while a {write}'s group was open"

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from protocol import RegisterWorker, Report, SubmitTask
-from scheduler.store import Conflict
+from scheduler.store import Refused
 from scheduler.store.postgres import _GroupCommit
 from tests.scheduler.pg_store import fresh_store, on_loop
 
@@ -76,7 +76,7 @@ def test_single_reports_arriving_together_are_applied_in_one_batch_a_stale_one_r
 
     out = on_loop(store, report_all)
     assert store._reports.batches == 1
-    assert isinstance(out[2], Conflict)
+    assert isinstance(out[2], Refused)
     assert [v.status for i, v in enumerate(out) if i != 2] == ["processing"] * 5
     assert store.tasks.get(reports[2][0]).status == "leased"
 

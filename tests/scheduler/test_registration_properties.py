@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import Heartbeat, RegistrationStatus
-from scheduler.store import NotFound, SQLiteStore
+from scheduler.store import SQLiteStore, Unknown
 from scheduler.store.lifecycle import REGISTERED, REGISTRATION_TRANSITIONS
 from tests.harness import Clock
 from tests.scheduler.test_store import worker
@@ -44,7 +44,7 @@ def run(store, clock, actions) -> None:
             worker_id = ids[k % len(ids)]
             try:
                 store.workers.heartbeat(worker_id, Heartbeat(status=action, timestamp=clock.now))
-            except NotFound:
+            except Unknown:
                 assert seen[worker_id] == R.DRAINED, f"{worker_id} refused while {seen[worker_id]}"
         check(store, ids, seen)
 

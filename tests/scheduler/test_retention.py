@@ -8,7 +8,7 @@ from pathlib import Path
 from protocol import SubmitTask
 from scheduler.api.background import remove_results
 from scheduler.config import ApiConfig
-from scheduler.store import NotFound
+from scheduler.store import Unknown
 import pytest
 
 from tests.scheduler.test_store import ok, submit, worker
@@ -28,7 +28,7 @@ def test_ended_tasks_expire_and_are_removed_queued_and_running_ones_never(make_s
     assert store.upkeep.purge() == [] and store.tasks.get(done.id)
     clock.now += 2
     assert store.upkeep.purge() == ["u"]
-    with pytest.raises(NotFound):
+    with pytest.raises(Unknown):
         store.tasks.get(done.id)
     assert store.tasks.get(running.id).status == "leased" and store.tasks.get(queued.id).status == "queued"
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from protocol import ErrorEnvelope, Heartbeat, RegisterWorker, Report, SubmitTask, TaskResult, WorkerLimits
-from scheduler.store import Conflict, NotFound
+from scheduler.store import Refused, Unknown
 
 
 @pytest.fixture
@@ -108,11 +108,11 @@ def test_stale_token_is_refused_and_changes_nothing(store, clock):
     t = submit(store)
     first, = store.claims.claim(w1, 1)
     clock.now += 11
-    with pytest.raises(Conflict):  # past its deadline, even before the sweep
+    with pytest.raises(Refused):  # past its deadline, even before the sweep
         store.reports.report(t.id, ok(first.lease_token, w1))
     store.upkeep.sweep()
     second, = store.claims.claim(w2, 1)
-    with pytest.raises(Conflict):
+    with pytest.raises(Refused):
         store.reports.report(t.id, ok(first.lease_token, w1))
     assert store.tasks.get(t.id).status == "leased"
     assert store.reports.report(t.id, ok(second.lease_token, w2)).status == "succeeded"
@@ -123,7 +123,7 @@ def test_report_after_success_is_refused(store):
     t = submit(store)
     lease, = store.claims.claim(w, 1)
     store.reports.report(t.id, ok(lease.lease_token, w))
-    with pytest.raises(Conflict):
+    with pytest.raises(Refused):
         store.reports.report(t.id, fail(lease.lease_token, w, retryable=True))
     assert store.tasks.get(t.id).status == "succeeded"
 
@@ -132,7 +132,7 @@ def test_token_of_another_worker_is_refused(store):
     w1, w2 = worker(store), worker(store)
     t = submit(store)
     lease, = store.claims.claim(w1, 1)
-    with pytest.raises(Conflict):
+    with pytest.raises(Refused):
         store.reports.report(t.id, ok(lease.lease_token, w2))
 
 
@@ -178,9 +178,9 @@ def test_heartbeat_reports_a_lease_taken_over_as_lost(store, clock):
 
 
 def test_unknown_worker_and_task(store):
-    with pytest.raises(NotFound):
+    with pytest.raises(Unknown):
         store.claims.claim("w-nobody", 1)
-    with pytest.raises(NotFound):
+    with pytest.raises(Unknown):
         store.tasks.get("nope")
 
 
@@ -188,7 +188,7 @@ def test_idempotency_key_replays_and_conflicts(store):
     a = submit(store, "x", idempotency_key="k1")
     again, created = store.tasks.submit(SubmitTask(input={"prompt": "x"}, idempotency_key="k1"))
     assert again.id == a.id and not created
-    with pytest.raises(Conflict):
+    with pytest.raises(Refused):
         store.tasks.submit(SubmitTask(input={"prompt": "other"}, idempotency_key="k1"))
 
 
@@ -249,7 +249,7 @@ def test_a_released_task_is_requeued_and_its_attempt_does_not_count(store):
     assert view.status == "queued" and view.attempts == 1 and view.error.code == "boom"  # last error kept
     lease, = store.claims.claim(w, 1)
     assert lease.attempt == 2  # a healthy worker still gets its full second attempt
-    with pytest.raises(Conflict):  # the released token is dead
+    with pytest.raises(Refused):  # the released token is dead
         store.reports.report(t.id, Report(worker_id=w, lease_token="stale", status="released"))
 
 
@@ -271,7 +271,7 @@ def test_a_node_registering_again_requeues_what_its_old_group_held_at_once(store
     assert views[other].status == "initializing"
     assert {lease.task_id for lease in store.claims.claim(new, 5)} == {a.id, b.id}
     # The old group's reports are refused: its leases are gone.
-    with pytest.raises(Conflict):
+    with pytest.raises(Refused):
         store.reports.report(a.id, ok(la.lease_token, old))
 
 
@@ -343,7 +343,7 @@ def test_a_rounds_reports_in_one_statement_apply_only_where_the_lease_is_current
                                      (d.task_id, ok(d.lease_token, other)), (e.task_id, ok(e.lease_token, w)),
                                      ("nosuchtask", ok("t", w)), (c.task_id, ok(c.lease_token, w))])
     assert got[0].status == "succeeded" and got[0].result.uri == "u" and got[5].status == "succeeded"
-    assert [type(g) for g in got[1:5]] == [Conflict, Conflict, Conflict, NotFound]
+    assert [type(g) for g in got[1:5]] == [Refused, Refused, Refused, Unknown]
     assert store.tasks.get(b.task_id).status == "processing" and store.tasks.get(d.task_id).status == "leased"
     assert store.tasks.get(a.task_id).started_at == got[0].started_at  # set once, by the first `processing`
 
@@ -354,7 +354,7 @@ def test_reports_of_one_task_in_one_call_apply_in_order(store):
     lease, = store.claims.claim(w, 1)
     got = store.reports.report_many([(t.id, Report(worker_id=w, lease_token=lease.lease_token, status="processing")),
                                      (t.id, ok(lease.lease_token, w)), (t.id, ok(lease.lease_token, w))])
-    assert got[0].status == "processing" and got[1].status == "succeeded" and isinstance(got[2], Conflict)
+    assert got[0].status == "processing" and got[1].status == "succeeded" and isinstance(got[2], Refused)
 
 
 def test_a_drained_worker_is_never_lost_and_its_registration_takes_no_more_work(make_store, clock):
@@ -370,7 +370,7 @@ def test_a_drained_worker_is_never_lost_and_its_registration_takes_no_more_work(
     submit(s)
     for call in (lambda: s.claims.claim(gone, 1),
                  lambda: s.workers.heartbeat(gone, Heartbeat(status="ready", timestamp=0))):
-        with pytest.raises(NotFound, match=f"worker {gone} has drained and left; register again"):
+        with pytest.raises(Unknown, match=f"worker {gone} has drained and left; register again"):
             call()
     assert s.tasks.queued_count() == 1  # the refused lease took nothing
     clock.now += 51

@@ -12,7 +12,7 @@ from typing import get_args
 import pytest
 
 from protocol import FINAL_STATUSES, Heartbeat, RegistrationStatus, TaskStatus, WorkerStatus
-from scheduler.store import NotFound, schema
+from scheduler.store import Unknown, schema
 from scheduler.store.lifecycle import (
     CLOSED,
     HELD,
@@ -99,7 +99,7 @@ def test_a_heartbeat_moves_a_registration_only_where_the_table_allows(store, was
         db.execute("UPDATE workers SET status = ? WHERE id = ?", (was.value, w))
     try:
         store.workers.heartbeat(w, Heartbeat(status=says, timestamp=0))
-    except NotFound:
+    except Unknown:
         assert was == R.DRAINED  # it left: refused, and unchanged
     allowed = says in REGISTRATION_TRANSITIONS[was]
     assert status_of(store, w) == (says if allowed else was)

@@ -61,7 +61,7 @@ class Backlog:
         return self._store.tasks.queued_by_priority(), self._store.tasks.drain_rate()
 
 
-class Pace:
+class StandingQueue:
     """Whether this process keeps up with its submits: CoDel's test for a standing queue (Nichols
     and Jacobson, "Controlling Queue Delay", 2012). A burst drains within an interval, so some
     submit in it is fast; when even the fastest submit taken in during the last interval took longer
@@ -149,12 +149,15 @@ class Pace:
         self._fastest = min(self._fastest, self.clock() - self._started.pop(token))
 
 
-class Admission:
+class SubmitGate:
+    """A submission's checks before it is stored, and the load they weigh it against (the module's
+    docstring lists them); each refusal is a 4xx naming why, a 429 with its Retry-After."""
+
     def __init__(self, store: Store, api: ApiConfig, metrics: SchedulerMetrics) -> None:
         self._store = store
         self._api = api
         self._submissions = metrics.submissions
-        self.pace = Pace(api.max_submit_s)
+        self.standing = StandingQueue(api.max_submit_s)
         self._rate = RateLimit(api.rate_limit, api.rate_burst or max(1.0, api.rate_limit * 10))
         self.backlog = Backlog(store, api.admission_read_s)
         self._fleet: Cached[list] = Cached([])
@@ -165,19 +168,19 @@ class Admission:
         process is too busy for it (`busy`)."""
         if (refusal := self.busy(n)) is not None:
             raise refusal
-        token = self.pace.enter()
+        token = self.standing.enter()
         try:
             yield
         finally:
-            self.pace.leave(token)
+            self.standing.leave(token)
 
     def busy(self, n: int) -> HTTPException | None:
-        """The 429 for a submit call of n tasks while this process is behind (Pace), with a
-        Retry-After that spreads the refused over the seconds to come (Pace.come_back_s)."""
-        if not self.pace.behind():
+        """The 429 for a submit call of n tasks while this process is behind (StandingQueue), with a
+        Retry-After that spreads the refused over the seconds to come (StandingQueue.come_back_s)."""
+        if not self.standing.behind():
             return None
         self._submissions.labels("shed").inc(n)
-        after = self.pace.come_back_s()
+        after = self.standing.come_back_s()
         return HTTPException(429, "the scheduler is busy: its submits take longer than "
                              f"{self._api.max_submit_s:g}s to be taken in (api.max_submit_s); retry in about {after}s",
                              headers={"Retry-After": str(after)})
