@@ -247,10 +247,13 @@ class QueueFigures(_Strict):
     ended_last_s: dict[str, dict[str, int]] = Field(
         description="window in seconds (60, 300, 900) -> {succeeded, failed}: tasks that ended within it")
     workers_by_status: dict[str, int]
-    drain_per_s: float = Field(0.0, description="tasks ended per second lately (the last 30 s); 0: too few to tell")
+    ended_per_s: float = Field(0.0, description="the end rate: tasks ended per second lately (the last 30 s); "
+                               "0: too few to tell")
+    drain_per_s: float = Field(0.0, deprecated=True, description="deprecated, removed in the next release: "
+                               "ended_per_s under its old name")
     wait_s_by_priority: dict[str, float] = Field(
-        default_factory=dict, description="priority -> seconds a task submitted now would wait at that drain "
-        "(the tasks of its priority and above, ahead of it); admission refuses beyond api.max_queue_wait_s")
+        default_factory=dict, description="priority -> seconds a task submitted now would wait at the end rate "
+        "(the tasks of its priority and above, ahead of it); submissions are refused beyond api.max_queue_wait_s")
     models: dict[str, ModelFigures] = Field(
         default_factory=dict, description="per model of the fleet (models.ids): the autoscaling signal per model")
 

@@ -1,7 +1,7 @@
 """Honest back-pressure for clients: a rate limit per client (a token bucket per bearer token, or per
 address when auth is off) and the queue-depth limit, both answered 429 with a Retry-After the client
 can act on. The queue is bounded twice: by depth (`max_queued`), and by the wait a new task would
-have (`max_queue_wait_s`): its priority's lane and those above it against the fleet's drain rate,
+have (`max_queue_wait_s`): its priority's lane and those above it against the fleet's end rate,
 the tasks ended per second over the last 30 s. A 429 then says, in Retry-After, how long the tasks
 already ahead need to drain: what a task let in now would wait."""
 
@@ -58,8 +58,8 @@ def client_key(authorization: str | None, address: str | None) -> str:
     return f"a:{address or '?'}"
 
 
-def retry_after_s(excess: int, drain_per_s: float) -> int:
-    """Seconds until `excess` tasks of room are likely, at the fleet's recent drain rate."""
-    if drain_per_s <= 0:
+def retry_after_s(excess: int, ended_per_s: float) -> int:
+    """Seconds until `excess` tasks of room are likely, at the fleet's recent end rate."""
+    if ended_per_s <= 0:
         return IDLE_FLEET_RETRY_S
-    return max(1, min(MAX_RETRY_AFTER_S, math.ceil(excess / drain_per_s)))
+    return max(1, min(MAX_RETRY_AFTER_S, math.ceil(excess / ended_per_s)))

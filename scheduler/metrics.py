@@ -73,11 +73,13 @@ class QueueCollector(Collector):
         yield GaugeMetricFamily("dit_scheduler_oldest_queued_age_seconds", "Age of the oldest queued task (0: none)",
                                 value=fig.oldest_queued_age_s or 0.0)
         yield GaugeMetricFamily("dit_scheduler_running", "Tasks leased or processing", value=fig.running)
-        yield GaugeMetricFamily("dit_scheduler_drain_per_second", "Tasks ended per second lately (0: too few to "
-                                "tell)", value=fig.drain_per_s)
+        yield GaugeMetricFamily("dit_scheduler_ended_per_second", "Tasks ended per second lately, the end rate "
+                                "(0: too few to tell)", value=fig.ended_per_s)
+        yield GaugeMetricFamily("dit_scheduler_drain_per_second", "Deprecated, removed in the next release: "
+                                "dit_scheduler_ended_per_second under its old name", value=fig.ended_per_s)
         wait = GaugeMetricFamily("dit_scheduler_queue_wait_estimate_seconds", "Seconds a task submitted now would "
-                                 "wait at the drain rate, by priority (admission refuses beyond "
-                                 "api.max_queue_wait_s)", labels=["priority"])
+                                 "wait at the end rate, by priority (submissions are refused "
+                                 "beyond api.max_queue_wait_s)", labels=["priority"])
         for priority, seconds in sorted(fig.wait_s_by_priority.items(), key=lambda kv: int(kv[0])):
             wait.add_metric([priority], seconds)
         yield wait

@@ -18,7 +18,7 @@ from protocol import SubmitTask
 from scheduler import servable
 from scheduler.api.cache import Cached
 from scheduler.config import ApiConfig
-from scheduler.drain import ahead, queue_wait_s
+from scheduler.end_rate import ahead, queue_wait_s
 from scheduler.limits import RateLimit, client_key, retry_after_s
 from scheduler.metrics import SchedulerMetrics
 from scheduler.store import Store
@@ -26,7 +26,7 @@ from scheduler.webhooks import refusal
 
 class Backlog:
     """What a submission is weighed against, without a query per submit (a COUNT per submit grows
-    with the backlog): the queued tasks per priority and the drain rate, read together at most every
+    with the backlog): the queued tasks per priority and the end rate, read together at most every
     `max_age_s` off the event loop, plus the tasks this process admitted since. Another scheduler
     process's admissions show at the next read."""
 
@@ -36,7 +36,7 @@ class Backlog:
         self._lock = asyncio.Lock()
         self._at = float("-inf")
         self._depth: dict[int, int] = {}
-        self._drain = 0.0
+        self._rate_read = 0.0
         self._since: Counter[int] = Counter()
         self._taken = 0
 
@@ -46,9 +46,9 @@ class Backlog:
             if time.monotonic() - self._at >= self._max_age_s:
                 # Cleared before the read: a task admitted meanwhile may count twice, never zero times.
                 self._since, self._taken = Counter(), 0
-                self._depth, self._drain = await run_in_threadpool(self._load)  # scans: off the event loop
+                self._depth, self._rate_read = await run_in_threadpool(self._load)  # scans: off the event loop
                 self._at = time.monotonic()
-        return _less_from_the_top(Counter(self._depth) + self._since, self._taken), self._drain
+        return _less_from_the_top(Counter(self._depth) + self._since, self._taken), self._rate_read
 
     def admitted(self, tasks: list[SubmitTask]) -> None:
         self._since.update(t.priority for t in tasks)
@@ -58,7 +58,7 @@ class Backlog:
         self._taken += n
 
     def _load(self) -> tuple[dict[int, int], float]:
-        return self._store.tasks.queued_by_priority(), self._store.tasks.drain_rate()
+        return self._store.tasks.queued_by_priority(), self._store.tasks.end_rate()
 
 
 class StandingQueue:
@@ -232,21 +232,21 @@ class SubmitGate:
 
     async def _admit(self, request: Request, tasks: list[SubmitTask]) -> None:
         """429 with a Retry-After when the queue is full, when a task would wait longer than the
-        fleet's drain allows, or when this client is over its rate."""
+        fleet's end rate allows, or when this client is over its rate."""
         n = len(tasks)
-        depth, drain = await self.backlog.read()
+        depth, rate = await self.backlog.read()
         queued, limit = sum(depth.values()), self._api.max_queued
         if queued + n > limit:
-            retry = retry_after_s(queued + n - limit, drain)
+            retry = retry_after_s(queued + n - limit, rate)
             self._refuse(n, f"queue is full ({queued} queued, limit {limit}); at the recent pace there is room in "
                          f"about {retry}s", retry)
         lane = min(t.priority for t in tasks)  # the lowest lane a batch touches waits longest
         bound = self._api.max_queue_wait_s
-        if bound and (wait := queue_wait_s(depth, lane, n, drain)) is not None and wait > bound:
+        if bound and (wait := queue_wait_s(depth, lane, n, rate)) is not None and wait > bound:
             # Retry-After: what the tasks ahead need to drain, the wait a task let in now would have.
-            retry = retry_after_s(ahead(depth, lane), drain)
+            retry = retry_after_s(ahead(depth, lane), rate)
             self._refuse(n, f"a task of priority {lane} would wait about {wait:.0f}s, over the limit of {bound:g}s "
-                         f"({ahead(depth, lane)} tasks ahead, the fleet drains {drain:.1f}/s); retry in about "
+                         f"({ahead(depth, lane)} tasks ahead, tasks end at {rate:.1f}/s); retry in about "
                          f"{retry}s", retry)
         self._check_rate(request, n)
         self.backlog.admitted(tasks)

@@ -31,7 +31,7 @@ FLAGS = (
     Flag("--max-attempts", "store.max_attempts", "leases per task before it fails for good", int),
     Flag("--max-queued", "api.max_queued", "429 to clients beyond this backlog", int),
     Flag("--max-queue-wait", "api.max_queue_wait_s", "429 when a new task would wait longer than this many "
-         "seconds at the fleet's drain rate (0: off)", float),
+         "seconds at the fleet's end rate (0: off)", float),
     Flag("--rate-limit", "api.rate_limit", "tasks per second each client may submit (by bearer token, or "
          "address); 0: no limit", float),
     Flag("--rate-burst", "api.rate_burst", "tasks a client may submit at once; 0: ten seconds' worth of "

@@ -67,16 +67,16 @@ class ApiConfig(Section):
     client_tokens_env: str = Field("DIT_CLIENT_TOKENS", min_length=1, description="comma-separated tokens")
     webhook_secret_env: str = Field("DIT_WEBHOOK_SECRET", min_length=1, description="HMAC-SHA256 key")
     max_queued: int = Field(100_000, ge=0, description="429 to clients beyond this backlog")
-    # SubmitGate weighs each submission against the queue's depth per priority, the drain rate and the
+    # SubmitGate weighs each submission against the queue's depth per priority, the end rate and the
     # live workers' limits as read at most this often (plus what this process admitted and leased
     # since): a count per submit grows with the backlog. 0: read on every submission.
     admission_read_s: float = Field(1.0, ge=0, description="admission reads the queue's depth and the fleet "
                                     "at most this often")
-    # Bounded by what the fleet drains: a task that would wait longer than this (its priority's lane
+    # Bounded by the fleet's end rate: a task that would wait longer than this (its priority's lane
     # and those above it, at the tasks ended per second lately) is refused with a Retry-After. Batch
     # submitters that accept a longer queue raise it; 0 switches it off.
     max_queue_wait_s: float = Field(300.0, ge=0, description="429 when a new task would wait longer than this "
-                                    "at the fleet's drain rate; 0: no such limit")
+                                    "at the fleet's end rate; 0: no such limit")
     # Bounded by what this process can take in. When it is itself saturated (its CPU, its database), a
     # submit would wait its turn for many seconds (30 s timeouts were seen) and slow the leases and
     # reports that drain the queue. So while even the fastest submit of the last 100 ms took longer

@@ -64,8 +64,8 @@ class Tasks(Protocol):
 
     def queued_by_priority(self) -> dict[int, int]: ...
 
-    def drain_rate(self, window_s: float = ...) -> float:
-        """Tasks ended per second lately: what the fleet drains; 0 when too few ended to tell."""
+    def end_rate(self, window_s: float = ...) -> float:
+        """Tasks ended per second lately (the end rate); 0 when too few ended to tell."""
 
     def figures(self) -> QueueFigures: ...
 

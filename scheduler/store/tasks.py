@@ -9,7 +9,7 @@ from typing import Any
 from protocol import FINAL_STATUSES, ModelFigures, QueueFigures, SubmitTask, TaskView
 from scheduler.store.base import Refused
 from scheduler.store.database import Database, task_row
-from scheduler.drain import DRAIN_MIN_TASKS, DRAIN_WINDOW_S, queue_wait_s
+from scheduler.end_rate import END_RATE_MIN_TASKS, END_RATE_WINDOW_S, queue_wait_s
 from scheduler.store.lifecycle import HELD, INITIAL, TAKING, status_in
 from scheduler.store.plans import Plan, Read, Write
 
@@ -95,8 +95,8 @@ class SQLTasks:
     def queued_by_priority(self) -> dict[int, int]:
         return _queued_by_priority(self._store._read(), self._store.QUEUE_INDEX)
 
-    def drain_rate(self, window_s: float = DRAIN_WINDOW_S) -> float:
-        return _drain_rate(self._store._read(), self._store.clock(), window_s)
+    def end_rate(self, window_s: float = END_RATE_WINDOW_S) -> float:
+        return _end_rate(self._store._read(), self._store.clock(), window_s)
 
     def models(self) -> dict[str, ModelFigures]:
         return model_figures(self._store._read(), self._store.clock(), self._store.models)
@@ -131,12 +131,12 @@ def _queued_by_priority(db: Any, queue_index: str) -> dict[int, int]:
         f"SELECT priority, COUNT(*) AS n FROM tasks{queue_index} WHERE status = 'queued' GROUP BY priority")}
 
 
-def _drain_rate(db: Any, now: float, window_s: float) -> float:
+def _end_rate(db: Any, now: float, window_s: float) -> float:
     """Tasks ended per second over the last `window_s`, measured from the first of them (a fleet that
-    started within the window is not undercounted); 0 with fewer than DRAIN_MIN_TASKS to go by."""
+    started within the window is not undercounted); 0 with fewer than END_RATE_MIN_TASKS to go by."""
     row = db.execute("SELECT COUNT(*) AS n, MIN(finished_at) AS first FROM tasks WHERE finished_at >= ?",
                      (now - window_s,)).fetchone()
-    if row["n"] < DRAIN_MIN_TASKS:
+    if row["n"] < END_RATE_MIN_TASKS:
         return 0.0
     return row["n"] / max(now - row["first"], 1.0)
 
@@ -151,12 +151,12 @@ def _figures(db: Any, now: float, queue_index: str) -> QueueFigures:
             "SELECT status, COUNT(*) AS n FROM tasks WHERE finished_at >= ? GROUP BY status", (now - window,))}
         ended[str(window)] = {"succeeded": counts.get("succeeded", 0), "failed": counts.get("failed", 0)}
     workers = {r["status"]: r["n"] for r in db.execute("SELECT status, COUNT(*) AS n FROM workers GROUP BY status")}
-    drain = _drain_rate(db, now, DRAIN_WINDOW_S)
-    waits = {str(p): round(w, 1) for p in queued if (w := queue_wait_s(queued, p, 0, drain)) is not None}
+    rate = _end_rate(db, now, END_RATE_WINDOW_S)
+    waits = {str(p): round(w, 1) for p in queued if (w := queue_wait_s(queued, p, 0, rate)) is not None}
     return QueueFigures(queued_by_priority={str(p): n for p, n in queued.items()}, queued=sum(queued.values()),
                         oldest_queued_age_s=None if oldest is None else round(now - oldest, 3), running=running,
-                        ended_last_s=ended, workers_by_status=workers, drain_per_s=round(drain, 2),
-                        wait_s_by_priority=waits)
+                        ended_last_s=ended, workers_by_status=workers, ended_per_s=round(rate, 2),
+                        drain_per_s=round(rate, 2), wait_s_by_priority=waits)
 
 
 def model_figures(db: Any, now: float, models: frozenset[str]) -> dict[str, ModelFigures]:

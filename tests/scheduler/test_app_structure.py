@@ -99,7 +99,7 @@ class FakeStore:
             raise error
 
         self.tasks = SimpleNamespace(get=fails, submit=fails, asubmit=afails, queued_by_priority=dict,
-                                     drain_rate=lambda: 0.0)
+                                     end_rate=lambda: 0.0)
         self.workers = SimpleNamespace(heartbeat=fails, fleet_limits=lambda: [])
         self.reports = SimpleNamespace(cancel=fails)
 

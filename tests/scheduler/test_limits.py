@@ -41,10 +41,10 @@ def test_the_client_is_its_token_digest_or_its_address():
 
 
 def test_retry_after_follows_the_recent_pace():
-    assert retry_after_s(excess=10, drain_per_s=2.0) == 5  # two a second: 10 in 5 s
-    assert retry_after_s(excess=1, drain_per_s=100.0) == 1
-    assert retry_after_s(excess=10**6, drain_per_s=0.1) == 3600  # capped
-    assert retry_after_s(excess=5, drain_per_s=0.0) == IDLE_FLEET_RETRY_S
+    assert retry_after_s(excess=10, ended_per_s=2.0) == 5  # two a second: 10 in 5 s
+    assert retry_after_s(excess=1, ended_per_s=100.0) == 1
+    assert retry_after_s(excess=10**6, ended_per_s=0.1) == 3600  # capped
+    assert retry_after_s(excess=5, ended_per_s=0.0) == IDLE_FLEET_RETRY_S
 
 
 def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
@@ -60,7 +60,7 @@ def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
 
 
 def ended_at_a_pace(http, store, clock, n: int = 10, every_s: float = 2.0) -> None:
-    """n tasks end, one every `every_s` by the store's clock: a drain of 1 / every_s per second."""
+    """n tasks end, one every `every_s` by the store's clock: an end rate of 1 / every_s per second."""
     wid, _ = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
     for _ in range(n):
         http.post("/v1/tasks", json={"input": {"prompt": "done"}})
@@ -95,9 +95,10 @@ def test_a_task_that_would_wait_past_the_bound_is_429_with_the_wait_of_the_tasks
         # A higher priority waits behind its own lane and those above it only.
         assert http.post("/v1/tasks", json={"input": {"prompt": "urgent"}, "priority": 5}).status_code == 201
         figures = http.get("/v1/queue").json()
-        assert figures["drain_per_s"] == 0.5 and figures["wait_s_by_priority"] == {"0": 12.0, "5": 2.0}
+        assert figures["ended_per_s"] == figures["drain_per_s"] == 0.5  # the old name, deprecated, alongside
+        assert figures["wait_s_by_priority"] == {"0": 12.0, "5": 2.0}
         metrics = http.get("/metrics").text
-        assert "dit_scheduler_drain_per_second 0.5" in metrics
+        assert "dit_scheduler_ended_per_second 0.5" in metrics and "dit_scheduler_drain_per_second 0.5" in metrics
         assert 'dit_scheduler_queue_wait_estimate_seconds{priority="5"} 2.0' in metrics
         assert 'dit_scheduler_submissions_total{result="refused"} 2.0' in metrics
 
@@ -107,7 +108,7 @@ def test_no_wait_bound_until_enough_tasks_have_ended_to_measure_a_pace(make_stor
     with TestClient(create_app(store, ApiConfig(max_queue_wait_s=1, admission_read_s=0))) as http:
         ended_at_a_pace(http, store, clock, n=9)  # one short of a measured pace
         assert all(http.post("/v1/tasks", json={"input": {"prompt": f"{i}"}}).status_code == 201 for i in range(20))
-        assert http.get("/v1/queue").json()["drain_per_s"] == 0.0
+        assert http.get("/v1/queue").json()["ended_per_s"] == 0.0
 
 
 def test_pace_lets_in_what_is_stored_within_the_target_once_a_queue_of_submits_was_slow():
