@@ -19,7 +19,7 @@ POLICY_MODEL := safety/policy/lists/learned.safetensors
 install: $(VENV)/.installed $(POLICY_MODEL)
 
 $(POLICY_MODEL): $(VENV)/.installed tools/policy_train.py safety/policy/learned.py safety/policy/normalize.py \
-		safety/policy/engine.py safety/policy/lists.py safety/policy/lists/policy.toml \
+		safety/policy/prompt_policy.py safety/policy/lists.py safety/policy/lists/policy.toml \
 		$(wildcard safety/policy/training/*.jsonl safety/policy/lists/*.toml safety/policy/lists/forms/*.json)
 	$(PY) -m tools.policy_train
 

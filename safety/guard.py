@@ -19,7 +19,7 @@ import numpy as np
 from safety import quality
 from safety.config import SafetyConfig
 from safety.image import build_image_check
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from safety.text import build_text_check
 from safety.verdicts import CheckFailed, SafetyLoadError, Verdict
 

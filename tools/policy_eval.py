@@ -127,7 +127,7 @@ def _share(flags: list[bool]) -> float:
 def setups(detoxify_checkpoint: str | None) -> list[tuple[str, Callable[[str], bool]]]:
     """(name, refuses) for each setup that can run here. The policy runs first, as in the worker."""
     from safety.config import DetoxifyConfig, PolicyConfig, ProfanityConfig
-    from safety.policy.engine import PromptPolicy
+    from safety.policy.prompt_policy import PromptPolicy
     from safety.text import DetoxifyCheck, ProfanityCheck
 
     policy = PromptPolicy.load(PolicyConfig())

@@ -6,7 +6,7 @@ languages built from Wiktionary and other open data). For each language with a l
 dictionary, this writes safety/policy/lists/forms/<code>.json: every form whose lemma is the lemma
 of a word in that language's list, mapped to that lemma, both normalised as prompts are. The
 policy matches a prompt twice: as written, and with each word replaced by its lemma, against
-entries lemmatised the same way (safety/policy/engine.py).
+entries lemmatised the same way (safety/policy/prompt_policy.py).
 
 Only the forms of the lists' own words are kept (kilobytes, against 1.2 GB and 20 s to load the
 full dictionaries), so the worker needs neither simplemma nor its load time. The files are

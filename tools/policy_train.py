@@ -33,7 +33,7 @@ TRAINING = REPO / "safety" / "policy" / "training"
 # The code that shapes the bytes (the Makefile rebuilds when one changes; the card records their
 # digest, and the tests compare it with the checkout's). The lists and forms are in the policy digest.
 SOURCES = ("tools/policy_train.py", "safety/policy/learned.py", "safety/policy/normalize.py",
-           "safety/policy/engine.py", "safety/policy/lists.py")
+           "safety/policy/prompt_policy.py", "safety/policy/lists.py")
 CLASSES = ["benign", "sexual_minors", "sexual", "violence", "hate", "self_harm"]
 C = 4.0  # inverse regularisation strength
 # Benign prompts weigh twice an unsafe one in the fit: with three unsafe prompts to each benign
@@ -166,7 +166,7 @@ def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING) 
     y = np.array([CLASSES.index(r["cat"]) for r in rows])
     model, fold_models = fit_all(x, y)
     from safety.config import PolicyConfig
-    from safety.policy.engine import PromptPolicy
+    from safety.policy.prompt_policy import PromptPolicy
 
     lists_only = PromptPolicy.load(PolicyConfig(learned=False))
     found = [lists_only.find(r["prompt"]).kinds for r in rows]

@@ -114,7 +114,7 @@ def run(device: str, repeats: int, sizes: list[tuple[int, int]], work: Path) -> 
     # The embedded default's whole prompt check (configs/tiny.toml: text backend auto without a
     # detoxify checkpoint): the policy's lists and learned layer through the guard, prompt by prompt.
     from safety.config import TextCheckConfig
-    from safety.policy.engine import PromptPolicy
+    from safety.policy.prompt_policy import PromptPolicy
 
     embedded = SafetyConfig(text=TextCheckConfig(backend="auto"))
     guard = Guard(embedded, None, None, PromptPolicy.load(embedded.text.policy))

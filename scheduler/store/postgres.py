@@ -4,7 +4,7 @@ behind a load balancer sharing one database and coordinating through it alone.
 - The rules are in the store's roles (sql.py). A claim's inner SELECT takes `FOR UPDATE SKIP
   LOCKED`, so concurrent claims never wait on, or take, each other's rows; a report locks its
   task's row (its UPDATE, or a failure's locked read).
-- The schema comes from the numbered files in migrations/ (schema.py, as for SQLite), applied at
+- The schema comes from the numbered files in migrations/ (migrate.py, as for SQLite), applied at
   start under an advisory lock (schedulers starting together apply each once).
 - The request path's hot calls (submit, claim, reports) run on the app's event loop through
   psycopg's async pool (each step one round trip; a round's reports pipelined by executemany); the
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from scheduler.store import schema
+from scheduler.store import migrate
 from scheduler.store.plans import Plan, Step, Write, WriteEach
 from scheduler.store.sql import SQLStore
 
@@ -80,7 +80,7 @@ class PostgresStore(SQLStore):
         self._announcer: _Announcer | None = None
         with self._tx() as db:  # schedulers starting together: one applies, the others find it done
             db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATIONS_LOCK,))
-            schema.apply(db, "postgres")
+            migrate.apply(db, "postgres")
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
 

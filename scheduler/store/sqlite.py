@@ -1,6 +1,6 @@
 """Durable task and worker state in SQLite (WAL mode): the embedded default backend.
 
-The rules are in the store's roles (sql.py), the schema in migrations/ (schema.py). Here: every
+The rules are in the store's roles (sql.py), the schema in migrations/ (migrate.py). Here: every
 state change is atomic in a `BEGIN IMMEDIATE` transaction, so a claim is atomic even when several
 scheduler processes share the file; reads run on a connection of their own per thread and never
 wait for the write lock (WAL readers see the last commit).
@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scheduler.store import schema
+from scheduler.store import migrate
 from scheduler.store.plans import Read, Step
 from scheduler.store.sql import SQLStore
 
@@ -73,7 +73,7 @@ class SQLiteStore(SQLStore):
         self._db.execute("PRAGMA journal_mode=WAL")
         with self._tx() as db:
             adopt_inline_schema(db)
-            schema.apply(db, "sqlite")
+            migrate.apply(db, "sqlite")
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
 
@@ -229,10 +229,10 @@ def adopt_inline_schema(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
     for index in INLINE_INDEXES:
         db.execute(f"DROP INDEX IF EXISTS {index}")
-    db.execute(schema.TABLE)
-    for m in schema.migrations():
+    db.execute(migrate.TABLE)
+    for m in migrate.migrations():
         if m.version <= INLINE_UNTIL:
             for statement in m.statements("sqlite"):
                 if statement.startswith("CREATE INDEX "):
                     db.execute(statement.replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ", 1))
-            schema.record(db, m)
+            migrate.record(db, m)

@@ -6,7 +6,7 @@ import numpy as np
 
 from safety.config import SafetyConfig
 from safety.guard import Guard
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from safety.verdicts import Verdict
 
 NOISE = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)

@@ -10,7 +10,7 @@ import pytest
 
 from safety.config import SafetyConfig
 from safety.guard import Guard
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from safety.verdicts import CheckFailed, SafetyLoadError, Verdict
 
 IMAGE = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)

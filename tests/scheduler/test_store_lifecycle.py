@@ -12,7 +12,7 @@ from typing import get_args
 import pytest
 
 from protocol import FINAL_STATUSES, Heartbeat, RegistrationStatus, TaskStatus, WorkerStatus
-from scheduler.store import Unknown, schema
+from scheduler.store import Unknown, migrate
 from scheduler.store.lifecycle import (
     CLOSED,
     HELD,
@@ -46,7 +46,7 @@ def test_every_status_is_listed_and_the_final_ones_are_the_protocols():
 
 def test_the_guards_are_the_partial_indexes_conditions():
     """Written alike, so the planners of both databases use those indexes for the guarded statements."""
-    first = "\n".join(schema.migrations()[0].statements("postgres"))
+    first = "\n".join(migrate.migrations()[0].statements("postgres"))
     assert f"WHERE {status_in(sources('leased'))};" in first  # the queue
     assert first.count(f"WHERE {status_in(HELD)};") == 2  # held tasks by deadline, by worker
 

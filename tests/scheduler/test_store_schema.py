@@ -1,4 +1,4 @@
-"""One schema (scheduler/store/schema.py): the numbered migrations make the same tables, columns,
+"""One schema (scheduler/store/migrate.py): the numbered migrations make the same tables, columns,
 keys and indexes on SQLite and on PostgreSQL, and an SQLite file made by the inline schema that came
 before them is adopted: its data kept, its schema made what the migrations make."""
 
@@ -11,7 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from protocol import Heartbeat
-from scheduler.store import SQLiteStore, schema
+from scheduler.store import SQLiteStore, migrate
 from scheduler.store.postgres import PostgresStore
 from tests.scheduler.test_store import ok, worker
 
@@ -47,7 +47,7 @@ def test_an_sqlite_file_from_the_inline_schema_keeps_its_tasks_and_gets_the_migr
     SQLiteStore(tmp_path / "fresh.db").close()
     with sqlite3.connect(tmp_path / "old.db") as adopted, sqlite3.connect(tmp_path / "fresh.db") as fresh:
         versions = [v for (v,) in adopted.execute("SELECT version FROM schema_migrations ORDER BY version")]
-        assert versions == [m.version for m in schema.migrations()]
+        assert versions == [m.version for m in migrate.migrations()]
         assert describe_sqlite(adopted) == describe_sqlite(fresh)
 
 

@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from scheduler.store import SQLiteStore, schema
+from scheduler.store import SQLiteStore, migrate
 from scheduler.store.postgres import PostgresStore
 from tests.scheduler.test_store_schema import describe_postgres, describe_sqlite
 
-LATEST = schema.migrations()[-1].version  # the package's own; a test's come after
+LATEST = migrate.migrations()[-1].version  # the package's own; a test's come after
 
 
 def test_a_failing_migration_leaves_the_database_as_it_was(make_store, tmp_path):
@@ -25,18 +25,18 @@ def test_a_failing_migration_leaves_the_database_as_it_was(make_store, tmp_path)
     (tmp_path / f"{LATEST + 1:04d}_extra.sql").write_text("CREATE TABLE extra (id TEXT PRIMARY KEY);\n")
     (tmp_path / f"{LATEST + 2:04d}_broken.sql").write_text("ALTER TABLE no_such_table ADD COLUMN x TEXT;\n")
     with pytest.raises(Exception, match="no_such_table"), store._tx() as db:
-        schema.apply(db, dialect, tmp_path)
+        migrate.apply(db, dialect, tmp_path)
     with store._tx() as db:
         versions = {r["version"] for r in db.execute("SELECT version FROM schema_migrations").fetchall()}
         assert versions == set(range(1, LATEST + 1))
-        assert schema.apply(db, dialect) == []  # the package's own are all there
+        assert migrate.apply(db, dialect) == []  # the package's own are all there
     with pytest.raises(Exception, match="extra"), store._tx() as db:
         db.execute("SELECT * FROM extra")
 
 
 def test_a_statement_without_its_semicolon_is_refused_before_anything_runs(tmp_path):
     (tmp_path / "0001_unfinished.sql").write_text("-- a comment; not the end\nCREATE TABLE t (s TEXT DEFAULT ';'\n")
-    [m] = schema.migrations(tmp_path)
+    [m] = migrate.migrations(tmp_path)
     with pytest.raises(ValueError, match="without its closing"):
         m.statements("sqlite")
 
@@ -47,7 +47,7 @@ def test_a_difference_between_the_backends_is_found(postgres, tmp_path):
     (folder / f"{LATEST + 1:04d}_sqlite_only.sql").write_text("CREATE INDEX tasks_created ON tasks (created_at);\n")
     db = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
     db.row_factory = sqlite3.Row
-    schema.apply(db, "sqlite", folder)
+    migrate.apply(db, "sqlite", folder)
     url = postgres.fresh()
     PostgresStore(url, pool_size=2).close()
     with psycopg.connect(url, row_factory=dict_row) as pg:

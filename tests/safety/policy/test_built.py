@@ -16,7 +16,7 @@ import pytest
 
 from safety.config import PolicyConfig
 from safety.policy import lists
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from safety.policy.learned import CARD, WEIGHTS, LearnedLayer
 from safety.verdicts import SafetyLoadError
 from launch.local import REPO

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from safety.config import PolicyConfig
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from tools.policy_eval import DEFAULT_SET, UNSAFE, evaluate, load_set
 
 ROWS = load_set(DEFAULT_SET)

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from safety.policy import lists
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from safety.config import PolicyConfig
 
 SHIPPED = lists.shipped_dir()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from protocol import ErrorCode, Lease
 from safety.config import SafetyConfig
 from safety.guard import Guard
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from tests.safety.test_guard import CountingTextCheck
 from worker.config import LimitsConfig
 from worker.serving.admission import Admission

@@ -5,7 +5,7 @@ from __future__ import annotations
 from protocol import ErrorCode
 from safety.config import SafetyConfig
 from safety.guard import Guard
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from worker.config import LimitsConfig
 from worker.serving.admission import Admission
 from worker.serving.ledger import Ledger

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from safety.config import PolicyConfig
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 
 
 @pytest.fixture(scope="module")

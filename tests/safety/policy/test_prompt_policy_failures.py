@@ -7,7 +7,7 @@ import pytest
 
 from safety.config import PolicyConfig, SafetyConfig
 from safety.guard import Guard
-from safety.policy.engine import PromptPolicy
+from safety.policy.prompt_policy import PromptPolicy
 from safety.verdicts import CheckFailed, SafetyLoadError
 
 
