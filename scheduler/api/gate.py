@@ -24,7 +24,7 @@ from scheduler.metrics import SchedulerMetrics
 from scheduler.store import Store
 from scheduler.webhooks import refusal
 
-class Backlog:
+class QueueLoad:
     """What a submission is weighed against, without a query per submit (a COUNT per submit grows
     with the backlog): the queued tasks per priority and the end rate, read together at most every
     `max_age_s` off the event loop, plus the tasks this process admitted since. Another scheduler
@@ -159,7 +159,7 @@ class SubmitGate:
         self._submissions = metrics.submissions
         self.standing = StandingQueue(api.max_submit_s)
         self._rate = RateLimit(api.rate_limit, api.rate_burst or max(1.0, api.rate_limit * 10))
-        self.backlog = Backlog(store, api.admission_read_s)
+        self.load = QueueLoad(store, api.admission_read_s)
         self._fleet: Cached[list] = Cached([])
 
     @contextlib.contextmanager
@@ -234,7 +234,7 @@ class SubmitGate:
         """429 with a Retry-After when the queue is full, when a task would wait longer than the
         fleet's end rate allows, or when this client is over its rate."""
         n = len(tasks)
-        depth, rate = await self.backlog.read()
+        depth, rate = await self.load.read()
         queued, limit = sum(depth.values()), self._api.max_queued
         if queued + n > limit:
             retry = retry_after_s(queued + n - limit, rate)
@@ -249,7 +249,7 @@ class SubmitGate:
                          f"({ahead(depth, lane)} tasks ahead, tasks end at {rate:.1f}/s); retry in about "
                          f"{retry}s", retry)
         self._check_rate(request, n)
-        self.backlog.admitted(tasks)
+        self.load.admitted(tasks)
 
     def _refuse(self, n: int, why: str, retry: int) -> None:
         self._submissions.labels("refused").inc(n)

@@ -77,7 +77,7 @@ async def lease_for(svc: Services, worker_id: str, body: LeaseRequest, request: 
         got = []
     if not got:
         return Answer(204)
-    svc.gate.backlog.taken(len(got))
+    svc.gate.load.taken(len(got))
     metrics.leases.inc(len(got))
     return Answer.of(LeaseResponse(leases=got))
 

@@ -121,7 +121,7 @@ def test_reads_and_writes_of_many_turns_interleaved_all_finish(make_store):
             calls.append(s.tasks.asubmit(SubmitTask(input={"prompt": f"p{i}"})))
             calls.append(s.acall(s.workers.fleet_limits))
             if i % 7 == 0:
-                calls.append(asyncio.to_thread(s.tasks.queued_by_priority))  # a thread's read, as Backlog's
+                calls.append(asyncio.to_thread(s.tasks.queued_by_priority))  # a thread's read, as QueueLoad's
                 await asyncio.sleep(0)
         await asyncio.gather(*calls)
         assert s.tasks.queued_count() == 50
