@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from tomlconf import Section
 
 # The categories every detoxify model (original, unbiased, multilingual) scores. The unbiased and
 # multilingual models add `sexual_explicit`; unbiased also scores identity mentions, which are not
@@ -30,13 +32,6 @@ NUDENET_EXPLICIT = (
     "BUTTOCKS_EXPOSED",
     "ANUS_EXPOSED",
 )
-
-
-class Section(BaseModel):
-    """A config section: unknown keys and loose types are errors, values are frozen. The worker's
-    config tree (worker.config) builds on it too."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 class CustomConfig(Section):

@@ -14,9 +14,8 @@ PRODUCT = ["protocol", "worker", "safety", "scheduler", "client", "launch"]
 # The same concept on two sides of one HTTP API: the user's client library and the worker's queue
 # client each raise these for the same answers (401/403, 429/5xx or no answer, 413/422).
 SAME_MEANING = {"AuthError", "Unavailable", "InvalidRequest"}
-# Not yet one: the two settings trees' base and logging section (one config toolkit is owed), and
-# launch/local.py's test harness client, which is to leave the installed packages.
-OWED = {"Section", "LoggingConfig", "Client"}
+# Not yet one: launch/local.py's test harness client, which is to leave the installed packages.
+OWED = {"Client"}
 # Names that meant two or three things: gone, or kept for one meaning in one home.
 GONE = ("Outcome", "Pace")
 ONE_HOME = {"Answer": "scheduler/api/answer.py", "Admission": "worker/serving/admission.py",

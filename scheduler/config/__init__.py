@@ -2,7 +2,7 @@
 and the command-line flags (loader, flags)."""
 
 from scheduler.config.flags import FLAGS, add_flags, flag_values
-from scheduler.config.loader import COMMAND_LINE, ConfigError, describe_errors, load_config
+from scheduler.config.loader import COMMAND_LINE, ConfigError, load_config
 from scheduler.config.schema import (
     ApiConfig,
     DatabaseConfig,
@@ -16,5 +16,5 @@ from scheduler.config.schema import (
 )
 
 __all__ = ["ApiConfig", "COMMAND_LINE", "ConfigError", "DatabaseConfig", "FLAGS", "LoggingConfig", "ModelsConfig", "SchedulerConfig",
-           "Secrets", "ServerConfig", "StoreConfig", "add_flags", "describe_errors", "flag_values", "load_config",
+           "Secrets", "ServerConfig", "StoreConfig", "add_flags", "flag_values", "load_config",
            "read_secrets"]

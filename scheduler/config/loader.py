@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 import tomlconf
 from scheduler.config.schema import SchedulerConfig
-from tomlconf import ConfigError
+from tomlconf import ConfigError, describe_errors
 
 COMMAND_LINE = "(command line)"
 
@@ -42,23 +42,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (),
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     except ValidationError as e:
-        raise ConfigError(f"{source}: {describe_errors(e, origins)}") from None
-
-
-def describe_errors(e: ValidationError, origins: Mapping[str, str] = {}) -> str:
-    """Pydantic's errors as `dotted.path: what is wrong (from --flag)`, joined by "; ". A rule that
-    spans sections is raised at the top with the field it names at the start of its message."""
-    out = []
-    for err in e.errors():
-        what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        where = ".".join(str(p) for p in err["loc"])
-        line = f"{where}: {what}" if where else what
-        field = where or what.partition(":")[0]
-        if origin := next((o for k, o in origins.items() if _within(field, k) or _within(k, field)), None):
-            line += f" (from {origin})"
-        out.append(line)
-    return "; ".join(out)
-
-
-def _within(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent + ".")
+        raise ConfigError(f"{source}: {describe_errors(e, origins=origins)}") from None

@@ -15,13 +15,9 @@ from pathlib import Path
 from typing import Literal
 
 from protocol import ModelId
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-
-class Section(BaseModel):
-    """Unknown keys and loose types are errors; values are frozen."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+from tomlconf import LoggingConfig, Section
 
 
 class ServerConfig(Section):
@@ -151,18 +147,6 @@ class ModelsConfig(Section):
         if self.default and self.default not in self.ids:
             raise ValueError(f"default: {self.default!r} is not one of ids ({', '.join(self.ids) or 'none set'})")
         return self
-
-
-class LoggingConfig(Section):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", description="the least "
-                                                                            "severe level logged (any case)")
-    # One JSON object per line (for log shippers), or readable text; auto: text on a terminal.
-    format: Literal["auto", "json", "text"] = "auto"
-
-    @field_validator("level", mode="before")
-    @classmethod
-    def _any_case(cls, value):
-        return value.upper() if isinstance(value, str) else value  # --log-level debug worked before
 
 
 @dataclass(frozen=True)

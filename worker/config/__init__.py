@@ -1,6 +1,6 @@
 """The worker's configuration: one typed tree (schema) loaded from a TOML file in configs/ (loader)."""
 
-from worker.config.loader import ConfigError, describe_errors, load_config
+from worker.config.loader import ConfigError, load_config
 from worker.config.schema import (
     BatchConfig,
     DeadlinesConfig,
@@ -23,4 +23,4 @@ from worker.config.schema import (
 
 __all__ = ["BatchConfig", "DeadlinesConfig", "ConfigError", "DistributedConfig", "EncodeConfig", "GCSConfig", "LimitsConfig",
            "LocalStorageConfig", "LoggingConfig", "ModelConfig", "SwapConfig", "ParallelConfig", "QueueConfig", "SpeedConfig",
-           "StorageConfig", "StoreTarget", "WarmupConfig", "WorkerConfig", "describe_errors", "load_config"]
+           "StorageConfig", "StoreTarget", "WarmupConfig", "WorkerConfig", "load_config"]

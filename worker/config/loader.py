@@ -5,13 +5,12 @@ and errors that name the file and the dotted path of each field to fix (e.g.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
 
 import tomlconf
-from tomlconf import ConfigError
+from tomlconf import ConfigError, describe_errors
 from worker.config.schema import WorkerConfig
 
 
@@ -26,14 +25,4 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> WorkerConfig:
     try:
         return WorkerConfig.model_validate(tomlconf.tuples(raw))
     except ValidationError as e:
-        raise ConfigError(f"{path}: {describe_errors(e, {'extra_forbidden': 'unknown key'})}") from e
-
-
-def describe_errors(e: ValidationError, words: Mapping[str, str], root: str = "(top level)") -> str:
-    """Pydantic's errors as `dotted.path: what is wrong`, joined by "; ". `words` replaces the
-    message of an error type (e.g. extra_forbidden -> "unknown key"); `root` names an empty path."""
-    out = []
-    for err in e.errors():
-        where = ".".join(str(p) for p in err["loc"]) or root
-        out.append(f"{where}: {words.get(err['type']) or err['msg'].removeprefix('Value error, ')}")
-    return "; ".join(out)
+        raise ConfigError(f"{path}: {describe_errors(e, root='(top level)')}") from e

@@ -11,7 +11,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from safety.config import SafetyConfig, Section
+from safety.config import SafetyConfig
+from tomlconf import LoggingConfig, Section
 
 class QueueConfig(Section):
     url: str = Field("http://127.0.0.1:8700", description="the scheduler's base URL")
@@ -272,13 +273,6 @@ class DeadlinesConfig(Section):
             raise ValueError(f"stall_s must exceed generate_s + check_s + encode_s + store_s ({turn:.0f}s): a "
                              "turn waits for one round and for the oldest post stage")
         return self
-
-
-class LoggingConfig(Section):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="the least severe "
-                                                               "level logged")
-    # One JSON object per line (for log shippers), or readable text; auto: text on a terminal.
-    format: Literal["auto", "json", "text"] = "auto"
 
 
 class OpsConfig(Section):

@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from protocol import WorkerLimits, bidi_control
-from worker.config import LimitsConfig, describe_errors
+from tomlconf import describe_errors
+from worker.config import LimitsConfig
 from worker.model.job import Job
 
 MAX_SEED = 2**63 - 1
