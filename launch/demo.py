@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://127.0.0.1:{port}"
     print(f"scheduler on {url} (status page: {url}/status while the demo runs); logs in {out}")
     scheduler = start_scheduler(out / "scheduler.db", port, out / "scheduler.log",
-                                extra=["--results-root", str(images)], cwd=here)
+                                extra=["--api-results-roots", str(images)], cwd=here)
     worker = None
     try:
         client = Client(url)

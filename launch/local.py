@@ -131,9 +131,9 @@ def messages(text: str) -> str:
 def start_scheduler(db: Path | str, port: int, log_path: Path, lease_ttl: float = 15.0,
                     max_attempts: int = 3, extra: list[str] = (), env: dict[str, str] | None = None,
                     cwd: Path = REPO) -> Proc:
-    proc = Proc([sys.executable, "-m", "scheduler", "--db", str(db), "--port", str(port),
-                 "--lease-ttl", str(lease_ttl), "--max-attempts", str(max_attempts), *extra], log_path, env=env,
-                cwd=cwd)
+    proc = Proc([sys.executable, "-m", "scheduler", "--database-url", str(db), "--server-port", str(port),
+                 "--store-lease-ttl-s", str(lease_ttl), "--store-max-attempts", str(max_attempts), *extra],
+                log_path, env=env, cwd=cwd)
     wait_healthy(f"http://127.0.0.1:{port}", proc)
     return proc
 

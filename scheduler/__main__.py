@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dit-scheduler", description=__doc__)
     p.add_argument("--config", help="TOML file, e.g. configs/scheduler.toml; none: the defaults")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one setting (TOML syntax), e.g. --set api.poll_s=2")
+                   help="override one setting (TOML syntax), e.g. --set api.waits.lease_poll_s=2")
     # The flags below each set one field of the tree, shown in brackets; they override the file.
     add_flags(p)
     return p.parse_args(argv)
@@ -43,12 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in plugins:
         return plugins[argv[0]].load()(argv[1:])
     args = parse_args(argv)
+    renamed: list[str] = []  # settings and flags under their old names: said once logging is set up
     try:
-        cfg = load_config(args.config, args.set, flag_values(args))
+        cfg = load_config(args.config, args.set, flag_values(args, renamed.append), deprecated=renamed.append)
     except ConfigError as e:
         print(f"scheduler: {e}", file=sys.stderr)  # one line naming the field; no traceback
         return EXIT_CONFIG
     logs.configure(cfg.logging.level, cfg.logging.format)
+    for note in renamed:
+        log.warning("deprecated: %s", note)
     secrets = read_secrets(cfg.api, os.environ)
     db, server = cfg.database, cfg.server
     models = cfg.models

@@ -79,7 +79,7 @@ class QueueCollector(Collector):
                                 "dit_scheduler_ended_per_second under its old name", value=fig.ended_per_s)
         wait = GaugeMetricFamily("dit_scheduler_queue_wait_estimate_seconds", "Seconds a task submitted now would "
                                  "wait at the end rate, by priority (submissions are refused "
-                                 "beyond api.max_queue_wait_s)", labels=["priority"])
+                                 "beyond api.gate.max_queue_wait_s)", labels=["priority"])
         for priority, seconds in sorted(fig.wait_s_by_priority.items(), key=lambda kv: int(kv[0])):
             wait.add_metric([priority], seconds)
         yield wait

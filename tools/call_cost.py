@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (sets, tree) in wanted.items():
             port = free_port()
             sched = start_scheduler(pg.fresh() if pg else Path(tmp) / f"{name}.db", port, Path(tmp) / f"{name}.log", lease_ttl=600.0,
-                                    extra=["--log-level", "WARNING", *[a for kv in sets for a in ("--set", kv)]],
+                                    extra=["--logging-level", "WARNING", *[a for kv in sets for a in ("--set", kv)]],
                                     **({"cwd": tree.resolve()} if tree else {}))
             stack.callback(sched.stop)
             servers[name] = (f"http://127.0.0.1:{port}", psutil.Process(sched.pid))

@@ -458,7 +458,7 @@ def start_servers(store: str, work: Path, pg: Postgres | None, extra: list[str])
     for i in range(2 if store == "postgres-2" else 1):
         port = free_port()
         procs.append(start_scheduler(db, port, work / f"{store}-{i}.log", lease_ttl=60.0,
-                                     extra=["--log-level", "WARNING", *extra]))
+                                     extra=["--logging-level", "WARNING", *extra]))
         procs[-1].port = port
     return procs
 

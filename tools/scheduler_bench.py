@@ -205,7 +205,7 @@ def run_backend(name: str, args, work: Path, pg: Postgres | None) -> dict:
     for i in range(2 if name == "postgres-2" else 1):
         port = free_port()
         procs.append(start_scheduler(db, port, work / f"{name}-{i}.log", lease_ttl=60.0,
-                                     extra=["--max-queued", str(args.tasks + 1), "--log-level", "WARNING"]))
+                                     extra=["--api-gate-max-queued", str(args.tasks + 1), "--logging-level", "WARNING"]))
         urls.append(f"http://127.0.0.1:{port}")
     try:
         # uvloop: the simulated workers' own event loop adds less to the latencies measured.

@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 @contextlib.asynccontextmanager
 async def running(s: Services) -> AsyncIterator[None]:
     tasks = [asyncio.create_task(sweep_forever(s))]
-    if s.api.webhook_allow:  # off the request path: a slow receiver delays only its own calls
-        dispatcher = Dispatcher(s.store, s.secrets.webhook_secret, max_age_s=s.api.webhook_max_age_s,
+    if s.api.webhooks.allow:  # off the request path: a slow receiver delays only its own calls
+        dispatcher = Dispatcher(s.store, s.secrets.webhook_secret, max_age_s=s.api.webhooks.max_age_s,
                                 metrics=s.metrics)
         tasks.append(asyncio.create_task(dispatcher.run()))
     if listen := getattr(s.store, "listen", None):  # other scheduler processes' new work (PostgreSQL)
@@ -50,8 +50,8 @@ async def sweep_forever(s: Services) -> None:
 def remove_results(uris: list[str], api: ApiConfig) -> None:
     """Expired tasks' local result files, when the operator asked for it, and only under the results
     roots. Objects in GCS are left to the bucket's lifecycle rule (docs/deploy.md)."""
-    if not api.remove_expired_results:
+    if not api.results.remove_expired:
         return
     for uri in uris:
-        if (path := local_path(uri, api.results_roots)) is not None:
+        if (path := local_path(uri, api.results.roots)) is not None:
             path.unlink(missing_ok=True)

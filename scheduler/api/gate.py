@@ -157,9 +157,9 @@ class SubmitGate:
         self._store = store
         self._api = api
         self._submissions = metrics.submissions
-        self.standing = StandingQueue(api.max_submit_s)
-        self._rate = RateLimit(api.rate_limit, api.rate_burst or max(1.0, api.rate_limit * 10))
-        self.load = QueueLoad(store, api.admission_read_s)
+        self.standing = StandingQueue(api.gate.max_submit_s)
+        self._rate = RateLimit(api.gate.rate_limit, api.gate.rate_burst or max(1.0, api.gate.rate_limit * 10))
+        self.load = QueueLoad(store, api.gate.read_s)
         self._fleet: Cached[list] = Cached([])
 
     @contextlib.contextmanager
@@ -182,7 +182,8 @@ class SubmitGate:
         self._submissions.labels("shed").inc(n)
         after = self.standing.come_back_s()
         return HTTPException(429, "the scheduler is busy: its submits take longer than "
-                             f"{self._api.max_submit_s:g}s to be taken in (api.max_submit_s); retry in about {after}s",
+                             f"{self._api.gate.max_submit_s:g}s to be taken in (api.gate.max_submit_s); "
+                             f"retry in about {after}s",
                              headers={"Retry-After": str(after)})
 
     async def check(self, tasks: list[SubmitTask], request: Request) -> None:
@@ -213,7 +214,7 @@ class SubmitGate:
     def _check_webhooks(self, tasks: list[SubmitTask]) -> None:
         """422 naming the host when a task's webhook is not on the operator's allowlist."""
         for i, task in enumerate(tasks):
-            if task.webhook is not None and (why := refusal(task.webhook.url, self._api.webhook_allow)):
+            if task.webhook is not None and (why := refusal(task.webhook.url, self._api.webhooks.allow)):
                 raise HTTPException(422, _of(i, tasks, why))
 
     async def _check_servable(self, tasks: list[SubmitTask]) -> None:
@@ -221,10 +222,10 @@ class SubmitGate:
         failure once leased. Nothing is refused while no live worker is registered (the fleet may
         start later), nor with --admit-unservable. The fleet's limits are read at most every
         `admission_read_s`, and after a worker registers or drains here."""
-        if self._api.admit_unservable:
+        if self._api.gate.admit_unservable:
             return
         fleet = await self._fleet.get(lambda: self._store.acall(self._store.workers.fleet_limits),
-                                       self._api.admission_read_s)
+                                       self._api.gate.read_s)
         for i, task in enumerate(tasks):
             if why := servable.refusal(task.input, fleet):
                 self._submissions.labels("unservable").inc(len(tasks))
@@ -235,13 +236,13 @@ class SubmitGate:
         fleet's end rate allows, or when this client is over its rate."""
         n = len(tasks)
         depth, rate = await self.load.read()
-        queued, limit = sum(depth.values()), self._api.max_queued
+        queued, limit = sum(depth.values()), self._api.gate.max_queued
         if queued + n > limit:
             retry = retry_after_s(queued + n - limit, rate)
             self._refuse(n, f"queue is full ({queued} queued, limit {limit}); at the recent pace there is room in "
                          f"about {retry}s", retry)
         lane = min(t.priority for t in tasks)  # the lowest lane a batch touches waits longest
-        bound = self._api.max_queue_wait_s
+        bound = self._api.gate.max_queue_wait_s
         if bound and (wait := queue_wait_s(depth, lane, n, rate)) is not None and wait > bound:
             # Retry-After: what the tasks ahead need to drain, the wait a task let in now would have.
             retry = retry_after_s(ahead(depth, lane), rate)
@@ -263,7 +264,7 @@ class SubmitGate:
                                 "send fewer per call")
         if wait > 0:
             self._submissions.labels("rate_limited").inc(n)
-            raise HTTPException(429, f"rate limit: {self._api.rate_limit:g} tasks/s per client", headers={
+            raise HTTPException(429, f"rate limit: {self._api.gate.rate_limit:g} tasks/s per client", headers={
                 "Retry-After": str(max(1, math.ceil(wait)))})
 
 

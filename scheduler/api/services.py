@@ -29,8 +29,8 @@ class Services:
     @classmethod
     def make(cls, store: Store, api: ApiConfig, secrets: Secrets, metrics: SchedulerMetrics) -> Services:
         """On the event loop that serves the app."""
-        return cls(store, api, secrets, metrics, Waiters(api.poll_s), TaskWatch(store, api.wait_poll_s),
-                   SubmitGate(store, api, metrics), Cached(""))
+        return cls(store, api, secrets, metrics, Waiters(api.waits.lease_poll_s),
+                   TaskWatch(store, api.waits.task_poll_s), SubmitGate(store, api, metrics), Cached(""))
 
     def stop_waiting(self) -> None:
         """The process is stopping: waiting lease requests and clients are answered now."""

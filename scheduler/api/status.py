@@ -26,5 +26,5 @@ async def status_page(store: StoreDep, api: ApiDep, cached: StatusPageDep) -> HT
 
 @router.get("/status/thumbs/{task_id}.png", responses={404: {}}, response_class=Response)
 async def thumbnail(task_id: str, store: StoreDep, api: ApiDep) -> Response:
-    png = await run_in_threadpool(view.thumbnail, store, api.results_roots, task_id)
+    png = await run_in_threadpool(view.thumbnail, store, api.results.roots, task_id)
     return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})

@@ -60,7 +60,7 @@ async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: 
     if created:
         svc.waiters.notify(1)
     headers: tuple[tuple[str, str], ...] = ()
-    if (wait_s := _preferred_wait(prefer, svc.api.max_wait_s)) is not None:
+    if (wait_s := _preferred_wait(prefer, svc.api.waits.max_s)) is not None:
         headers = (("Preference-Applied", f"wait={wait_s:g}"),)
         task = await svc.watch.until_ended(task, wait_s)
     return Answer.of(task, 201 if created else 200, headers)
@@ -105,7 +105,7 @@ async def get_task(task_id: str, tasks: TasksDep, call: StoreCall, watch: WatchD
                        "long poll: answer once the task ends, or after this many seconds (capped by the "
                        "scheduler)"))) -> TaskView:
     task = await call(tasks.get, task_id)
-    return await watch.until_ended(task, min(wait_s, api.max_wait_s))
+    return await watch.until_ended(task, min(wait_s, api.waits.max_s))
 
 
 @router.post("/v1/tasks/{task_id}/cancel", response_model=TaskView,

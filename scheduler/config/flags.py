@@ -1,67 +1,83 @@
-"""The command-line flags `dit-scheduler` has always had, each setting one field of the tree. Their
-defaults are the tree's (shown in --help); a flag given overrides the file and a flag left out leaves
-the file's value, so each flag's argparse default is None."""
+"""The command-line flags of `dit-scheduler`, generated from the settings tree: one flag per field,
+named after it (`store.task_retention_s` is `--store-task-retention-s`), its help the field's
+description and default. A flag given overrides the file and a flag left out leaves the file's
+value, so each flag's argparse default is None. The flags it had before each still set their field
+for one release, with a warning naming the new flag (RENAMED_FLAGS)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import get_args
+from pathlib import Path
+from typing import Literal, get_args, get_origin
 
-from scheduler.config.schema import LoggingConfig, SchedulerConfig
+from pydantic import BaseModel
+
+from scheduler.config.schema import SchedulerConfig
+from tomlconf import ConfigError
 
 
 @dataclass(frozen=True)
 class Flag:
     name: str
     field: str  # dotted path in the tree
-    help: str = ""
-    type: type | None = None
-    action: str | None = None  # store_true, or append (repeatable: the flags' list replaces the file's)
-    metavar: str | None = None
-    choices: tuple[str, ...] | None = None
+    help: str
+    kwargs: dict  # argparse's type, action, choices, metavar
 
 
-FLAGS = (
-    Flag("--db", "database.url", "an SQLite file (WAL mode), or postgresql://user@host/db for several "
-         "scheduler processes"),
-    Flag("--host", "server.host"),
-    Flag("--port", "server.port", type=int),
-    Flag("--lease-ttl", "store.lease_ttl_s", "seconds a lease lives without renewal", float),
-    Flag("--max-attempts", "store.max_attempts", "leases per task before it fails for good", int),
-    Flag("--max-queued", "api.max_queued", "429 to clients beyond this backlog", int),
-    Flag("--max-queue-wait", "api.max_queue_wait_s", "429 when a new task would wait longer than this many "
-         "seconds at the fleet's end rate (0: off)", float),
-    Flag("--rate-limit", "api.rate_limit", "tasks per second each client may submit (by bearer token, or "
-         "address); 0: no limit", float),
-    Flag("--rate-burst", "api.rate_burst", "tasks a client may submit at once; 0: ten seconds' worth of "
-         "--rate-limit", float),
-    Flag("--max-wait", "api.max_wait_s", "seconds a client may wait for a task to end in one call "
-         "(Prefer: wait=N, ?wait_s=N)", float),
-    Flag("--db-pool", "database.pool_size", "PostgreSQL connections per pool (two pools per process); "
-         "ignored for SQLite", int),
-    Flag("--worker-liveness", "store.liveness_s", "seconds without a heartbeat before a worker is lost and "
-         "its tasks requeued", float),
-    Flag("--worker-retention", "store.retention_s", "seconds lost and replaced registrations stay listed", float),
-    Flag("--retention", "store.task_retention_s", "seconds an ended task is kept (its expires_at), then "
-         "removed (604800: 7 days)", float),
-    Flag("--remove-expired-results", "api.remove_expired_results", "also delete an expired task's local "
-         "result file when it lies under a --results-root", action="store_true"),
-    Flag("--webhook-allow", "api.webhook_allow", "a host tasks' webhooks may name (repeatable; "
-         "*.example.com for a domain); none: no webhooks", action="append", metavar="HOST[:PORT]"),
-    Flag("--webhook-secret-env", "api.webhook_secret_env", "env var holding the key that signs webhooks "
-         "(HMAC-SHA256); needed with --webhook-allow"),
-    Flag("--worker-tokens-env", "api.worker_tokens_env", "env var with comma-separated bearer tokens for workers"),
-    Flag("--client-tokens-env", "api.client_tokens_env", "env var with comma-separated bearer tokens for clients"),
-    Flag("--admit-unservable", "api.admit_unservable", "accept inputs no live worker's limits allow (workers "
-         "that start later, or mixed models); they fail at the worker instead of a 422 at submission",
-         action="store_true"),
-    Flag("--results-root", "api.results_roots", "a folder of local results the status page may show as "
-         "thumbnails (repeatable)", action="append", metavar="DIR"),
-    Flag("--log-level", "logging.level", "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)"),
-    Flag("--log-format", "logging.format", "one JSON object per line, or text; auto: text on a terminal, "
-         "JSON otherwise", choices=get_args(LoggingConfig.model_fields["format"].annotation)),
-)
+# The flags `dit-scheduler` had before they were generated, and the field each set.
+RENAMED_FLAGS = {
+    "--db": "database.url", "--host": "server.host", "--port": "server.port",
+    "--lease-ttl": "store.lease_ttl_s", "--max-attempts": "store.max_attempts",
+    "--max-queued": "api.gate.max_queued", "--max-queue-wait": "api.gate.max_queue_wait_s",
+    "--rate-limit": "api.gate.rate_limit", "--rate-burst": "api.gate.rate_burst",
+    "--max-wait": "api.waits.max_s", "--db-pool": "database.pool_size",
+    "--worker-liveness": "store.liveness_s", "--worker-retention": "store.worker_retention_s",
+    "--retention": "store.task_retention_s", "--remove-expired-results": "api.results.remove_expired",
+    "--webhook-allow": "api.webhooks.allow", "--webhook-secret-env": "api.webhooks.secret_env",
+    "--worker-tokens-env": "api.auth.worker_tokens_env", "--client-tokens-env": "api.auth.client_tokens_env",
+    "--admit-unservable": "api.gate.admit_unservable", "--results-root": "api.results.roots",
+    "--log-level": "logging.level", "--log-format": "logging.format",
+}
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace(".", "-").replace("_", "-")
+
+
+def fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted path, FieldInfo) of every setting in the tree, sections walked in order."""
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            yield from fields(info.annotation, path + ".")
+        else:
+            yield path, info
+
+
+def _kwargs(annotation) -> dict:
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if annotation in (int, float):
+        return {"type": annotation, "metavar": "N"}
+    if get_origin(annotation) is Literal:  # any case, as the settings file takes it
+        choices = get_args(annotation)
+        return {"choices": choices, "type": lambda v: next((c for c in choices if c.lower() == v.lower()), v)}
+    if get_origin(annotation) is tuple:  # repeatable: the flags' list replaces the file's
+        item = get_args(annotation)[0]
+        return {"action": "append", "metavar": "DIR" if item is Path else "VALUE",
+                **({"type": item} if item in (int, float) else {})}
+    return {"metavar": "TEXT"}
+
+
+def _flags() -> tuple[Flag, ...]:
+    return tuple(Flag(flag_name(path), path, (info.description or "").strip(), _kwargs(info.annotation))
+                 for path, info in fields(SchedulerConfig))
+
+
+FLAGS = _flags()
+BY_FIELD = {f.field: f for f in FLAGS}
 
 
 def field_of(tree: SchedulerConfig, path: str):
@@ -74,17 +90,33 @@ def field_of(tree: SchedulerConfig, path: str):
 def add_flags(parser: argparse.ArgumentParser) -> None:
     defaults = SchedulerConfig.model_validate({}, context={"environ": {}})
     for f in FLAGS:
-        extra = {k: v for k, v in (("type", f.type), ("action", f.action), ("metavar", f.metavar),
-                                   ("choices", f.choices)) if v is not None}
-        where = f"[{f.field}; default {field_of(defaults, f.field)!r}]"
-        parser.add_argument(f.name, default=None, help=f"{f.help} {where}".strip(), **extra)
+        where = f"[default {field_of(defaults, f.field)!r}]"
+        parser.add_argument(f.name, dest=f.field, default=None, help=f"{f.help} {where}".strip(), **f.kwargs)
+    old = parser.add_argument_group("renamed flags (each still works for one release, with a warning)")
+    for name, field in RENAMED_FLAGS.items():
+        kwargs = dict(BY_FIELD[field].kwargs)
+        if kwargs.get("action") is argparse.BooleanOptionalAction:
+            kwargs["action"] = "store_true"  # as the old flag was: present or not
+        old.add_argument(name, dest=f"renamed:{name}", default=None, help=f"now {BY_FIELD[field].name}", **kwargs)
 
 
-def flag_values(args: argparse.Namespace) -> dict[str, tuple[str, object]]:
-    """The flags given, as load_config's `flags`: dotted field -> (flag, value)."""
+def flag_values(args: argparse.Namespace, deprecated: Callable[[str], None] | None = None
+                ) -> dict[str, tuple[str, object]]:
+    """The flags given, as load_config's `flags`: dotted field -> (flag, value). A renamed flag sets
+    its field as the new one does, and `deprecated` is told; both for one field are refused."""
     out = {}
+    given = vars(args)
     for f in FLAGS:
-        value = getattr(args, f.name.removeprefix("--").replace("-", "_"))
+        value = given.get(f.field)
         if value is not None:
             out[f.field] = (f.name, tuple(value) if isinstance(value, list) else value)
+    for name, field in RENAMED_FLAGS.items():
+        value = given.get(f"renamed:{name}")
+        if value is None or value is False:
+            continue
+        if field in out:
+            raise ConfigError(f"{field}: set by both {out[field][0]} and {name}; keep {out[field][0]}")
+        out[field] = (name, tuple(value) if isinstance(value, list) else value)
+        if deprecated:
+            deprecated(f"{name} is now {BY_FIELD[field].name} (the old flag goes in the next release)")
     return out

@@ -51,23 +51,29 @@ class StoreConfig(Section):
     lease_ttl_s: float = Field(60.0, gt=0, description="a lease lives this long without renewal")
     max_attempts: int = Field(3, ge=1, description="leases per task before it fails for good")
     liveness_s: float = Field(90.0, gt=0, description="a worker silent this long is lost; its tasks go back")
-    retention_s: float = Field(86400.0, ge=0, description="lost and replaced worker registrations stay listed")
+    worker_retention_s: float = Field(86400.0, ge=0, description="lost, replaced and drained worker "
+                                      "registrations stay listed")
     task_retention_s: float = Field(7 * 86400.0, ge=0, description="an ended task is kept (its expires_at)")
 
 
-class ApiConfig(Section):
-    """The HTTP API (scheduler.app.create_app takes this section as it is). Its three secrets are not
-    here: they come from the environment variables the `*_env` fields name (Secrets)."""
+class AuthConfig(Section):
+    """Bearer tokens, by the environment variables that hold them (Secrets: never in a file). None
+    set: auth is off, which only a scheduler listening on loopback may be."""
 
     worker_tokens_env: str = Field("DIT_WORKER_TOKENS", min_length=1, description="comma-separated tokens")
     client_tokens_env: str = Field("DIT_CLIENT_TOKENS", min_length=1, description="comma-separated tokens")
-    webhook_secret_env: str = Field("DIT_WEBHOOK_SECRET", min_length=1, description="HMAC-SHA256 key")
+
+
+class GateConfig(Section):
+    """A submission's checks before it is stored (scheduler/api/gate.py, SubmitGate): the queue's
+    room, the wait it implies, this process's own pace, each client's rate, and what the fleet can
+    serve. Workers' calls are never refused by them."""
+
     max_queued: int = Field(100_000, ge=0, description="429 to clients beyond this backlog")
-    # SubmitGate weighs each submission against the queue's depth per priority, the end rate and the
+    # The gate weighs each submission against the queue's depth per priority, the end rate and the
     # live workers' limits as read at most this often (plus what this process admitted and leased
     # since): a count per submit grows with the backlog. 0: read on every submission.
-    admission_read_s: float = Field(1.0, ge=0, description="admission reads the queue's depth and the fleet "
-                                    "at most this often")
+    read_s: float = Field(1.0, ge=0, description="the queue's depth and the fleet are read at most this often")
     # Bounded by the fleet's end rate: a task that would wait longer than this (its priority's lane
     # and those above it, at the tasks ended per second lately) is refused with a Retry-After. Batch
     # submitters that accept a longer queue raise it; 0 switches it off.
@@ -77,48 +83,101 @@ class ApiConfig(Section):
     # submit would wait its turn for many seconds (30 s timeouts were seen) and slow the leases and
     # reports that drain the queue. So while even the fastest submit of the last 100 ms took longer
     # than this to be checked and stored (a standing queue, not a burst), only as many submits as it
-    # stores in this time are let in, and the rest get a 429 at once (gate.StandingQueue). Workers'
-    # calls are never refused for this. 0: never.
+    # stores in this time are let in, and the rest get a 429 at once (gate.StandingQueue). 0: never.
     max_submit_s: float = Field(0.25, ge=0, description="429 to submits while this process takes longer than "
                                 "this to take one in (the fastest of the last 100 ms); 0: never")
-    # A task's input is a prompt and a few numbers.
-    max_body_bytes: int = Field(1 << 20, ge=1, description="413 beyond")
-    sweep_interval_s: float = Field(1.0, gt=0, description="expired leases and silent workers are looked for "
-                                    "this often")
     # Per client (bearer token, or address when auth is off).
     rate_limit: float = Field(0.0, ge=0, description="tasks per second per client; 0: no limit")
     rate_burst: float = Field(0.0, ge=0, description="0: ten seconds' worth of rate_limit")
-    ready_deadline_s: float = Field(2.0, gt=0, description="/readyz: the database's answer within this")
-    status_cache_s: float = Field(2.0, ge=0, description="one status page gather serves every viewer this long")
-    max_wait_s: float = Field(60.0, ge=0, description="the longest `Prefer: wait=N` or `?wait_s=N` a client "
-                              "may ask for")
-    wait_poll_s: float = Field(1.0, gt=0, description="how often waits look for tasks ended by another process")
-    # Hosts a task's webhook may name (host, host:port, *.domain); none: webhooks are refused.
-    webhook_allow: tuple[str, ...] = ()
-    webhook_max_age_s: float = Field(3600.0, gt=0, description="retries of one webhook event stop this long "
-                                     "after the first")
-    # Delete an expired task's local result file (only under results_roots).
-    remove_expired_results: bool = False
-    # Folders whose result files the status page may show as thumbnails. Resolved against the
-    # working directory, as the app compares resolved paths.
-    results_roots: tuple[Path, ...] = ()
     # Accept inputs no live worker's advertised limits allow (workers that start later, mixed models):
     # they then fail at their worker with invalid_request instead of a 422 at submission.
     admit_unservable: bool = False
-    # Submit, lease, heartbeat and report, when well formed and admitted, skip FastAPI's per-request
-    # machinery (scheduler/api/hot.py): the same answers for about half the CPU per call. False sends
-    # every call through FastAPI, to compare.
-    hot_path: bool = True
-    # A waiting lease request looks again this often without a wake-up: the fallback for a missed
-    # NOTIFY. Wake-ups (local, or NOTIFY from other processes) make new work visible at once.
-    poll_s: float = Field(5.0, gt=0)
 
-    @field_validator("results_roots", mode="before")
+
+class WaitsConfig(Section):
+    """Long polls: a client waiting for its tasks to end, a worker's lease request waiting for work."""
+
+    max_s: float = Field(60.0, ge=0, description="the longest `Prefer: wait=N` or `?wait_s=N` a client may ask for")
+    task_poll_s: float = Field(1.0, gt=0, description="how often a client's wait looks for tasks ended by "
+                               "another process")
+    # Wake-ups (local, or NOTIFY from other processes) make new work visible at once; this is the
+    # fallback for a missed NOTIFY.
+    lease_poll_s: float = Field(5.0, gt=0, description="a waiting lease request looks again this often "
+                                "without a wake-up")
+
+
+class WebhooksConfig(Section):
+    """Where a task's webhook may point, how deliveries are signed, how long they are retried."""
+
+    # Hosts a task's webhook may name (host, host:port, *.domain); none: webhooks are refused.
+    allow: tuple[str, ...] = ()
+    secret_env: str = Field("DIT_WEBHOOK_SECRET", min_length=1, description="the variable holding the "
+                            "HMAC-SHA256 key that signs deliveries")
+    max_age_s: float = Field(3600.0, gt=0, description="retries of one webhook event stop this long after "
+                             "the first")
+
+
+class ResultsConfig(Section):
+    """Local result files the scheduler may touch."""
+
+    # Folders whose result files the status page may show as thumbnails. Resolved against the
+    # working directory, as the app compares resolved paths.
+    roots: tuple[Path, ...] = ()
+    # Delete an expired task's local result file (only under roots).
+    remove_expired: bool = False
+
+    @field_validator("roots", mode="before")
     @classmethod
     def _resolved(cls, value):
         if isinstance(value, (list, tuple)) and all(isinstance(v, (str, Path)) for v in value):
             return tuple(Path(v).resolve() for v in value)
         return value  # strict validation names what is wrong
+
+
+class ApiConfig(Section):
+    """The HTTP API (scheduler.app.create_app takes this section as it is), one sub-section per
+    concern. Its three secrets are not here: they come from the environment variables that
+    `auth.*_env` and `webhooks.secret_env` name (Secrets)."""
+
+    # A task's input is a prompt and a few numbers.
+    max_body_bytes: int = Field(1 << 20, ge=1, description="413 beyond")
+    sweep_interval_s: float = Field(1.0, gt=0, description="expired leases and silent workers are looked for "
+                                    "this often")
+    ready_deadline_s: float = Field(2.0, gt=0, description="/readyz: the database's answer within this")
+    status_cache_s: float = Field(2.0, ge=0, description="one status page gather serves every viewer this long")
+    # Submit, lease, heartbeat and report, when well formed and admitted, skip FastAPI's per-request
+    # machinery (scheduler/api/hot.py): the same answers for about half the CPU per call. False sends
+    # every call through FastAPI, to compare.
+    hot_path: bool = True
+    auth: AuthConfig = AuthConfig()
+    gate: GateConfig = GateConfig()
+    waits: WaitsConfig = WaitsConfig()
+    webhooks: WebhooksConfig = WebhooksConfig()
+    results: ResultsConfig = ResultsConfig()
+
+
+# The keys the scheduler read before [api] was split by concern and store.retention_s was named for
+# what it keeps: each still works for one release, with a warning naming its new place.
+RENAMED_KEYS = {
+    "api.worker_tokens_env": "api.auth.worker_tokens_env",
+    "api.client_tokens_env": "api.auth.client_tokens_env",
+    "api.max_queued": "api.gate.max_queued",
+    "api.admission_read_s": "api.gate.read_s",
+    "api.max_queue_wait_s": "api.gate.max_queue_wait_s",
+    "api.max_submit_s": "api.gate.max_submit_s",
+    "api.rate_limit": "api.gate.rate_limit",
+    "api.rate_burst": "api.gate.rate_burst",
+    "api.admit_unservable": "api.gate.admit_unservable",
+    "api.max_wait_s": "api.waits.max_s",
+    "api.wait_poll_s": "api.waits.task_poll_s",
+    "api.poll_s": "api.waits.lease_poll_s",
+    "api.webhook_allow": "api.webhooks.allow",
+    "api.webhook_secret_env": "api.webhooks.secret_env",
+    "api.webhook_max_age_s": "api.webhooks.max_age_s",
+    "api.results_roots": "api.results.roots",
+    "api.remove_expired_results": "api.results.remove_expired",
+    "store.retention_s": "store.worker_retention_s",
+}
 
 
 class ModelsConfig(Section):
@@ -162,8 +221,8 @@ def read_secrets(api: ApiConfig, environ: Mapping[str, str]) -> Secrets:
     def tokens(name: str) -> frozenset[str]:
         return frozenset(t.strip() for t in environ.get(name, "").split(",") if t.strip())
 
-    return Secrets(tokens(api.worker_tokens_env), tokens(api.client_tokens_env),
-                   environ.get(api.webhook_secret_env, "").encode())
+    return Secrets(tokens(api.auth.worker_tokens_env), tokens(api.auth.client_tokens_env),
+                   environ.get(api.webhooks.secret_env, "").encode())
 
 
 def is_loopback(host: str) -> bool:
@@ -198,15 +257,15 @@ class SchedulerConfig(Section):
             raise ValueError(f"server.stuck_loop_s: {self.server.stuck_loop_s:g}s would restart a scheduler "
                              f"waiting out a busy database (database.busy_timeout_s = "
                              f"{self.database.busy_timeout_s:g}s); above it, or 0 for never")
-        if 0 < api.rate_burst < 1 and api.rate_limit > 0:
-            raise ValueError("api.rate_burst: under 1, no task could ever be submitted; "
-                             "at least 1, or 0 for ten seconds' worth of api.rate_limit")
+        if 0 < api.gate.rate_burst < 1 and api.gate.rate_limit > 0:
+            raise ValueError("api.gate.rate_burst: under 1, no task could ever be submitted; "
+                             "at least 1, or 0 for ten seconds' worth of api.gate.rate_limit")
         secrets = read_secrets(api, (info.context or {}).get("environ", os.environ))
-        if api.webhook_allow and not secrets.webhook_secret:
-            raise ValueError(f"api.webhook_allow: --webhook-allow needs a signing key: set {api.webhook_secret_env} "
+        if api.webhooks.allow and not secrets.webhook_secret:
+            raise ValueError(f"api.webhooks.allow: webhooks need a signing key: set {api.webhooks.secret_env} "
                              "(a long random string shared with the receivers)")
         # Empty token sets switch auth off: only where nothing but this machine can reach it.
         if not (secrets.worker_tokens and secrets.client_tokens) and not is_loopback(self.server.host):
             raise ValueError(f"server.host: refusing to listen on {self.server.host} without auth: set "
-                             f"{api.worker_tokens_env} and {api.client_tokens_env} (comma-separated tokens)")
+                             f"{api.auth.worker_tokens_env} and {api.auth.client_tokens_env} (comma-separated tokens)")
         return self

@@ -16,7 +16,7 @@ __all__ = ["Cancelled", "Claims", "Refused", "Reports", "SQLiteStore", "Store", 
 
 def open_store(db: str | Path, **options) -> Store:
     """postgresql://...: PostgreSQL (psycopg, from the `postgres` extra); a file path: SQLite
-    (created with its folder). Options: lease_ttl_s, max_attempts, liveness_s, retention_s (worker
+    (created with its folder). Options: lease_ttl_s, max_attempts, liveness_s, worker_retention_s (worker
     registrations), task_retention_s (ended tasks);
     pool_size, PostgreSQL's connections per pool (ignored by SQLite); busy_timeout_s, SQLite's wait for
     another process's lock (ignored by PostgreSQL)."""

@@ -33,14 +33,14 @@ class Database:
     location = ""  # the file or URL it was opened on
 
     def __init__(self, *, lease_ttl_s: float = 60.0, max_attempts: int = 3, liveness_s: float = 90.0,
-                 retention_s: float = 86400.0, task_retention_s: float = 7 * 86400.0,
+                 worker_retention_s: float = 86400.0, task_retention_s: float = 7 * 86400.0,
                  models: Sequence[str] = (), default_model: str = "", cold_wait_s: float = 10.0,
                  route: Route = "affinity",
                  clock: Callable[[], float] = time.time) -> None:
         self.lease_ttl_s = lease_ttl_s
         self.max_attempts = max_attempts
         self.liveness_s = liveness_s  # a worker silent this long is lost; its tasks go back
-        self.retention_s = retention_s  # lost and replaced registrations are kept this long
+        self.worker_retention_s = worker_retention_s  # lost, replaced and drained registrations are kept this long
         self.task_retention_s = task_retention_s  # ended tasks are kept this long (expires_at), then removed
         # The fleet's models (config [models]): none, and tasks carry no model and any worker takes
         # any task; else each task names one, and claims route (routing.py).

@@ -28,7 +28,7 @@ class SQLUpkeep:
             lost = self._lose_silent(db, now)
             taken += [t for worker in lost for t in worker.taken]
             db.execute(f"DELETE FROM workers WHERE {status_in(CLOSED)}"
-                       " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self._store.retention_s,))
+                       " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self._store.worker_retention_s,))
             db.execute("DELETE FROM worker_models WHERE NOT EXISTS"
                        " (SELECT 1 FROM workers WHERE workers.id = worker_models.worker_id)")
             self._store._notify(db, len(taken))

@@ -98,7 +98,7 @@ def test_after_a_rank_crash_the_tasks_the_group_held_succeed_soon_after_the_rest
     # group's registration, never through a lease's expiry or the group being declared lost. A bound on
     # wall time would say the same less surely and fail on a slow machine (8 tiny-model images ended
     # 21.8 s after the restart on a loaded CI).
-    stack = make_stack(lease_ttl=3600.0, scheduler_args=["--worker-liveness", "3600"])
+    stack = make_stack(lease_ttl=3600.0, scheduler_args=["--store-liveness-s", "3600"])
     proc = stack.worker(nproc=2, max_restarts=1)
     first = ready_worker(stack, proc)
     ids = [stack.client.submit({"prompt": f"held {i}", "width": 512, "height": 512})["id"] for i in range(8)]
@@ -118,7 +118,7 @@ def test_after_a_rank_crash_the_tasks_the_group_held_succeed_soon_after_the_rest
 
 
 def test_a_worker_killed_without_a_word_is_lost_and_its_task_leased_again_within_the_liveness_time(make_stack):
-    stack = make_stack(lease_ttl=60.0, scheduler_args=["--worker-liveness", "4"])
+    stack = make_stack(lease_ttl=60.0, scheduler_args=["--store-liveness-s", "4"])
     task = stack.client.submit({"prompt": "a slow one", "width": 1024, "height": 1024})["id"]
     first = stack.worker(nproc=1)
     wait_until(lambda: stack.client.task(task)["status"] == "processing", 120, "processing", first)

@@ -38,7 +38,7 @@ def browser():
 
 def test_the_status_page_shows_workers_queue_thumbnails_and_failures(tmp_path, tiny_model, browser):
     images = tmp_path / "images"
-    stack = Stack(tmp_path, tiny_model, scheduler_args=["--results-root", str(images)])
+    stack = Stack(tmp_path, tiny_model, scheduler_args=["--api-results-roots", str(images)])
     try:
         queued_ids = [stack.client.submit({"prompt": f"a lighthouse, study {i}", "width": 256, "height": 256},
                                           priority=i % 2)["id"] for i in range(3)]

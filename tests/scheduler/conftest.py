@@ -46,7 +46,7 @@ def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sched")
     db = str(tmp / "s.db") if request.param == "sqlite" else request.getfixturevalue("postgres").fresh()
     port = free_port()
-    proc = start_scheduler(db, port, tmp / "s.log", lease_ttl=1.0, max_attempts=3, extra=["--max-queued", "50", "--max-wait", "3"])
+    proc = start_scheduler(db, port, tmp / "s.log", lease_ttl=1.0, max_attempts=3, extra=["--api-gate-max-queued", "50", "--api-waits-max-s", "3"])
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
         yield http
     proc.stop()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from scheduler.api.hot import _read, _replay
-from scheduler.config import Secrets
+from scheduler.config import GateConfig, Secrets
 from tests.scheduler.hot_answers import both
 from tools.fleet_bench import REG
 
@@ -67,7 +67,7 @@ def refused(http) -> list:
 
 def test_refusals_are_the_same_with_the_hot_path_tokens_store_errors_and_a_full_queue(tmp_path):
     secrets = Secrets(worker_tokens=frozenset({"w-token"}), client_tokens=frozenset({"c-token"}))
-    hot, plain = both(tmp_path, refused, secrets=secrets, max_queued=2, admission_read_s=0)
+    hot, plain = both(tmp_path, refused, secrets=secrets, gate=GateConfig(max_queued=2, read_s=0))
     assert hot == plain
     assert [status for status, _, _ in hot] == [401, 401, 401, 401, 401, 401, 404, 404, 404, 201, 409, 201, 429]
     assert hot[0][1]["www-authenticate"] == "Bearer"

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from protocol import RegisterWorker, Report, TaskResult
 from scheduler.api.gate import StandingQueue
 from scheduler.app import create_app
-from scheduler.config import ApiConfig
+from scheduler.config import ApiConfig, GateConfig
 from scheduler.limits import IDLE_FLEET_RETRY_S, RateLimit, client_key, retry_after_s
 from scheduler.store import SQLiteStore
 from tests.harness import Clock
@@ -48,7 +48,7 @@ def test_retry_after_follows_the_recent_pace():
 
 
 def test_over_the_rate_is_429_with_the_seconds_until_it_fits(make_store):
-    with TestClient(create_app(make_store(), ApiConfig(rate_limit=1, rate_burst=3))) as http:
+    with TestClient(create_app(make_store(), ApiConfig(gate=GateConfig(rate_limit=1, rate_burst=3)))) as http:
         codes = [http.post("/v1/tasks", json={"input": {"prompt": "x"}}).status_code for _ in range(3)]
         refused = http.post("/v1/tasks", json={"input": {"prompt": "x"}})
         assert codes == [201] * 3 and refused.status_code == 429 and refused.headers["retry-after"] == "1"
@@ -73,7 +73,7 @@ def ended_at_a_pace(http, store, clock, n: int = 10, every_s: float = 2.0) -> No
 
 def test_a_full_queue_is_429_with_a_retry_after_from_the_recent_pace(make_store, clock):
     store = make_store()
-    with TestClient(create_app(store, ApiConfig(max_queued=3, admission_read_s=0))) as http:
+    with TestClient(create_app(store, ApiConfig(gate=GateConfig(max_queued=3, read_s=0)))) as http:
         ended_at_a_pace(http, store, clock)  # ten in 20 s: 0.5 a second
         for _ in range(3):
             assert http.post("/v1/tasks", json={"input": {"prompt": "q"}}).status_code == 201
@@ -85,7 +85,7 @@ def test_a_full_queue_is_429_with_a_retry_after_from_the_recent_pace(make_store,
 
 def test_a_task_that_would_wait_past_the_bound_is_429_with_the_wait_of_the_tasks_ahead(make_store, clock):
     store = make_store()
-    with TestClient(create_app(store, ApiConfig(max_queue_wait_s=10, admission_read_s=0))) as http:
+    with TestClient(create_app(store, ApiConfig(gate=GateConfig(max_queue_wait_s=10, read_s=0)))) as http:
         ended_at_a_pace(http, store, clock)  # 0.5 a second: a task waits 2 s per task ahead of it, and itself
         codes = [http.post("/v1/tasks", json={"input": {"prompt": f"{i}"}}).status_code for i in range(6)]
         assert codes == [201] * 5 + [429]  # the sixth would wait 12 s
@@ -105,7 +105,7 @@ def test_a_task_that_would_wait_past_the_bound_is_429_with_the_wait_of_the_tasks
 
 def test_no_wait_bound_until_enough_tasks_have_ended_to_measure_a_pace(make_store, clock):
     store = make_store()
-    with TestClient(create_app(store, ApiConfig(max_queue_wait_s=1, admission_read_s=0))) as http:
+    with TestClient(create_app(store, ApiConfig(gate=GateConfig(max_queue_wait_s=1, read_s=0)))) as http:
         ended_at_a_pace(http, store, clock, n=9)  # one short of a measured pace
         assert all(http.post("/v1/tasks", json={"input": {"prompt": f"{i}"}}).status_code == 201 for i in range(20))
         assert http.get("/v1/queue").json()["ended_per_s"] == 0.0
@@ -190,7 +190,7 @@ def test_submits_are_429_at_once_while_the_process_is_behind_and_workers_are_sti
 
     store.tasks.asubmit = held
     task = {"input": {"prompt": "x"}}
-    with TestClient(create_app(store, ApiConfig(max_submit_s=1e-9, hot_path=hot_path))) as http, \
+    with TestClient(create_app(store, ApiConfig(gate=GateConfig(max_submit_s=1e-9), hot_path=hot_path))) as http, \
             ThreadPoolExecutor(1) as pool:
         in_flight = pool.submit(http.post, "/v1/tasks", json=task)
         assert entered.wait(10)
@@ -204,7 +204,7 @@ def test_submits_are_429_at_once_while_the_process_is_behind_and_workers_are_sti
         after = http.post("/v1/tasks", json=task)
         metrics = http.get("/metrics").text
     assert shed.status_code == batch.status_code == 429 and shed.headers["retry-after"] == "1"
-    assert "take longer than 1e-09s to be taken in (api.max_submit_s)" in shed.json()["detail"]
+    assert "take longer than 1e-09s to be taken in (api.gate.max_submit_s)" in shed.json()["detail"]
     assert idle.status_code == 204 and after.status_code == 201
     assert 'dit_scheduler_submissions_total{result="shed"} 4.0' in metrics
     store.close()

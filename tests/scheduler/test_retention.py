@@ -7,7 +7,7 @@ from pathlib import Path
 
 from protocol import SubmitTask
 from scheduler.api.background import remove_results
-from scheduler.config import ApiConfig
+from scheduler.config import ApiConfig, ResultsConfig
 from scheduler.store import Unknown
 import pytest
 
@@ -40,8 +40,8 @@ def test_expired_results_are_deleted_only_when_asked_and_only_under_the_roots(tm
     for p in (inside, outside):
         p.write_bytes(b"x")
     uris = [inside.as_uri(), outside.as_uri(), "gs://bucket/c.png"]
-    remove_results(uris, ApiConfig(results_roots=(root.resolve(),)))
+    remove_results(uris, ApiConfig(results=ResultsConfig(roots=(root.resolve(),))))
     assert inside.exists() and outside.exists()  # not asked
-    remove_results(uris, ApiConfig(results_roots=(root.resolve(),), remove_expired_results=True))
+    remove_results(uris, ApiConfig(results=ResultsConfig(roots=(root.resolve(),), remove_expired=True)))
     assert not inside.exists() and outside.exists()
     assert Path(outside).read_bytes() == b"x"

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from scheduler.__main__ import parse_args
 from scheduler.app import create_app
-from scheduler.config import ApiConfig
+from scheduler.config import ApiConfig, GateConfig
 from tests.harness import REG
 
 LIMITS = {"max_prompt_chars": 2000, "min_side": 64, "max_side": 1024, "size_multiple": 16, "max_pixels": 1024 * 1024,
@@ -48,7 +48,8 @@ def test_without_a_live_worker_or_with_one_that_did_not_say_everything_is_accept
 
 
 def test_admit_unservable_switches_the_check_off(make_store):
-    assert parse_args(["--admit-unservable"]).admit_unservable and not parse_args([]).admit_unservable
-    with TestClient(create_app(make_store(), ApiConfig(admit_unservable=True))) as http:
+    given = vars(parse_args(["--api-gate-admit-unservable"]))
+    assert given["api.gate.admit_unservable"] and vars(parse_args([]))["api.gate.admit_unservable"] is None
+    with TestClient(create_app(make_store(), ApiConfig(gate=GateConfig(admit_unservable=True)))) as http:
         worker(http)
         assert http.post("/v1/tasks", json={"input": TOO_WIDE}).status_code == 201

@@ -8,7 +8,7 @@ from PIL import Image
 
 from protocol import SubmitTask
 from scheduler.app import create_app
-from scheduler.config import ApiConfig
+from scheduler.config import ApiConfig, ResultsConfig
 from scheduler.status_page import build_chart
 from tests.harness import REG
 
@@ -42,7 +42,7 @@ def test_the_chart_stacks_outcomes_per_minute_and_weights_the_mean_latency():
 def test_the_page_lists_workers_results_and_failures_escaped(make_store, tmp_path):
     Image.new("RGB", (256, 256), (30, 120, 200)).save(tmp_path / "ok.png")
     store = make_store()
-    with TestClient(create_app(store, ApiConfig(results_roots=(tmp_path.resolve(),)))) as http:
+    with TestClient(create_app(store, ApiConfig(results=ResultsConfig(roots=(tmp_path.resolve(),))))) as http:
         wid = http.post("/v1/workers", json={**REG, "devices": [{"name": "H100", "memory_bytes": 1}] * 2}).json()["worker_id"]
         ok = finish(http, wid, "succeeded", result={**RESULT, "uri": f"file://{tmp_path}/ok.png"})
         signed = finish(http, wid, "succeeded", result={**RESULT, "uri": "gs://b/x.png",

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from scheduler.app import create_app
-from scheduler.config import ApiConfig, Secrets
+from scheduler.config import ApiConfig, ResultsConfig, Secrets
 from tests.harness import REG
 from tests.scheduler.test_status_page import RESULT, finish
 
@@ -22,7 +22,7 @@ def test_thumbnails_only_for_image_files_under_the_results_roots(make_store, tmp
     (roots / "not-an-image.png").write_text("hello")
     (roots / "link.png").symlink_to(outside)
     store = make_store()
-    with TestClient(create_app(store, ApiConfig(results_roots=(roots.resolve(),)))) as http:
+    with TestClient(create_app(store, ApiConfig(results=ResultsConfig(roots=(roots.resolve(),))))) as http:
         wid = http.post("/v1/workers", json=REG).json()["worker_id"]
         ids = {name: finish(http, wid, "succeeded", result={**RESULT, "uri": uri}) for name, uri in {
             "outside": f"file://{outside}", "dotdot": f"file://{roots}/../secret.png",

@@ -297,7 +297,7 @@ def test_a_registration_without_a_node_replaces_nothing(store):
 
 
 def test_a_silent_worker_is_lost_and_its_tasks_requeued_before_the_ttl(make_store, clock):
-    s = make_store(lease_ttl_s=60.0, max_attempts=3, liveness_s=5.0, retention_s=100.0)
+    s = make_store(lease_ttl_s=60.0, max_attempts=3, liveness_s=5.0, worker_retention_s=100.0)
     quiet, alive = worker(s), worker(s)
     a, b = submit(s, "a"), submit(s, "b")
     s.claims.claim(quiet, 1)
@@ -316,7 +316,7 @@ def test_a_silent_worker_is_lost_and_its_tasks_requeued_before_the_ttl(make_stor
 
 
 def test_lost_and_replaced_registrations_are_pruned_after_the_retention(make_store, clock):
-    s = make_store(liveness_s=5.0, retention_s=100.0)
+    s = make_store(liveness_s=5.0, worker_retention_s=100.0)
     gone = worker(s, "node-a")
     worker(s, "node-a")  # replaces it
     silent = worker(s)
@@ -358,7 +358,7 @@ def test_reports_of_one_task_in_one_call_apply_in_order(store):
 
 
 def test_a_drained_worker_is_never_lost_and_its_registration_takes_no_more_work(make_store, clock):
-    s = make_store(liveness_s=5.0, retention_s=100.0)
+    s = make_store(liveness_s=5.0, worker_retention_s=100.0)
     gone, crashed = worker(s), worker(s)
     s.workers.heartbeat(gone, Heartbeat(status="draining", timestamp=0))
     reply = s.workers.heartbeat(gone, Heartbeat(status="drained", timestamp=0))

@@ -87,10 +87,10 @@ def test_a_task_ended_by_another_process_is_found_by_the_shared_poll(make_store)
 
     from protocol import Report, RegisterWorker, SubmitTask, TaskResult
     from scheduler.app import create_app
-    from scheduler.config import ApiConfig
+    from scheduler.config import ApiConfig, WaitsConfig
 
     store = make_store()
-    with TestClient(create_app(store, ApiConfig(wait_poll_s=0.2))) as http:
+    with TestClient(create_app(store, ApiConfig(waits=WaitsConfig(task_poll_s=0.2)))) as http:
         task = http.post("/v1/tasks", json={"input": {"prompt": "f"}}).json()
         wid, _ = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
         (lease,) = store.claims.claim(wid, 1)

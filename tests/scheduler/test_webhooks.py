@@ -60,7 +60,7 @@ def receiver():
 def scheduler(tmp_path, receiver):
     port = free_port()
     proc = start_scheduler(tmp_path / "s.db", port, tmp_path / "s.log",
-                           extra=["--webhook-allow", f"127.0.0.1:{receiver.port}"], env={"DIT_WEBHOOK_SECRET": SECRET})
+                           extra=["--api-webhooks-allow", f"127.0.0.1:{receiver.port}"], env={"DIT_WEBHOOK_SECRET": SECRET})
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
         yield http
     proc.stop()
@@ -144,6 +144,6 @@ def test_webhooks_without_a_signing_key_are_refused_at_start(tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "DIT_WEBHOOK_SECRET"}
-    out = subprocess.run([sys.executable, "-m", "scheduler", "--db", str(tmp_path / "s.db"), "--port", "0",
-                          "--webhook-allow", "hooks.example.com"], capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run([sys.executable, "-m", "scheduler", "--database-url", str(tmp_path / "s.db"), "--server-port", "0",
+                          "--api-webhooks-allow", "hooks.example.com"], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2 and "--webhook-allow needs a signing key: set DIT_WEBHOOK_SECRET" in out.stderr

@@ -25,7 +25,7 @@ DEVICES = [DeviceInfo(name="cpu", memory_bytes=1)]
 @pytest.fixture
 def queue(tmp_path):
     port = free_port()
-    proc = start_scheduler(tmp_path / "s.db", port, tmp_path / "s.log", extra=["--worker-liveness", "1"])
+    proc = start_scheduler(tmp_path / "s.db", port, tmp_path / "s.log", extra=["--store-liveness-s", "1"])
     url = f"http://127.0.0.1:{port}"
     client = QueueClient(QueueConfig(url=url, timeout_s=2.0), token=None)
     yield url, client
