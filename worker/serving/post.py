@@ -152,9 +152,15 @@ class PostStage:
             log.exception("task %s: could not remove %s after its cancellation", task.id, result.uri)
 
     def _metadata(self, job: Job) -> dict[str, str]:
-        meta = {"task_id": job.task_id, "seed": str(job.seed), "model": job.model or self.model_name,
-                "width": str(job.width), "height": str(job.height), "steps": str(job.steps),
-                "prompt_sha256": hashlib.sha256(job.prompt.encode()).hexdigest()}
-        if self.include_prompt:
-            meta["prompt"] = job.prompt
-        return meta
+        return object_metadata(job, self.model_name, self.include_prompt)
+
+
+def object_metadata(job: Job, model_name: str, include_prompt: bool) -> dict[str, str]:
+    """What a stored object says of the job that made it: the prompt's hash always, the prompt only
+    when the config allows."""
+    meta = {"task_id": job.task_id, "seed": str(job.seed), "model": job.model or model_name,
+            "width": str(job.width), "height": str(job.height), "steps": str(job.steps),
+            "prompt_sha256": hashlib.sha256(job.prompt.encode()).hexdigest()}
+    if include_prompt:
+        meta["prompt"] = job.prompt
+    return meta
