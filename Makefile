@@ -149,10 +149,10 @@ WHEELHOUSE_ARGS ?=
 wheelhouse: install
 	$(PY) -m tools.wheelhouse --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
-# --results-root: the status page may show thumbnails of what `make node` stores (configs/tiny.toml).
+# --api-results-roots: the status page may show thumbnails of what `make node` stores (configs/tiny.toml).
 # SCHEDULER_ARGS: more settings, e.g. SCHEDULER_ARGS="--config configs/scheduler-tiny-models.toml".
 scheduler: install
-	exec $(PY) -m scheduler --results-root outputs $(SCHEDULER_ARGS)
+	exec $(PY) -m scheduler --api-results-roots outputs $(SCHEDULER_ARGS)
 
 # A node against `make scheduler` on this machine: the tiny model on CPU, 2 ranks, unless CONFIG
 # and NPROC say otherwise. Ctrl-C drains it.

@@ -26,7 +26,7 @@ def test_make_scheduler_lets_the_status_page_show_what_make_node_stores():
     dry = subprocess.run(["make", "-n", "-o", "install", "scheduler"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     root = tomllib.loads((REPO / "configs" / "tiny.toml").read_text())["storage"]["local"]["root"]
-    assert f"exec .venv/bin/python -m scheduler --results-root {root}" in dry  # exec: make waits for its stop
+    assert f"exec .venv/bin/python -m scheduler --api-results-roots {root}" in dry  # exec: make waits for its stop
 
 
 def test_a_stop_signal_to_make_node_waits_for_the_node_to_drain(tmp_path):

@@ -146,4 +146,4 @@ def test_webhooks_without_a_signing_key_are_refused_at_start(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DIT_WEBHOOK_SECRET"}
     out = subprocess.run([sys.executable, "-m", "scheduler", "--database-url", str(tmp_path / "s.db"), "--server-port", "0",
                           "--api-webhooks-allow", "hooks.example.com"], capture_output=True, text=True, timeout=60, env=env)
-    assert out.returncode == 2 and "--webhook-allow needs a signing key: set DIT_WEBHOOK_SECRET" in out.stderr
+    assert out.returncode == 2 and "api.webhooks.allow: webhooks need a signing key: set DIT_WEBHOOK_SECRET" in out.stderr
