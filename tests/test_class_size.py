@@ -15,7 +15,6 @@ OWED = {
     "scheduler/store/postgres.py:PostgresStore": 168,
     "scheduler/store/sqlite.py:SQLiteStore": 154,
     "worker/serving/coordinator.py:Coordinator": 152,
-    "scheduler/store/database.py:Database": 137,
 }
 
 

@@ -81,7 +81,7 @@ class GateConfig(Section):
                                     "at the fleet's end rate; 0: no such limit")
     # Bounded by what this process can take in. When it is itself saturated (its CPU, its database), a
     # submit would wait its turn for many seconds (30 s timeouts were seen) and slow the leases and
-    # reports that drain the queue. So while even the fastest submit of the last 100 ms took longer
+    # reports that empty the queue. So while even the fastest submit of the last 100 ms took longer
     # than this to be checked and stored (a standing queue, not a burst), only as many submits as it
     # stores in this time are let in, and the rest get a 429 at once (gate.StandingQueue). 0: never.
     max_submit_s: float = Field(0.25, ge=0, description="429 to submits while this process takes longer than "

@@ -1,6 +1,6 @@
 """What the store's roles share: the database. Its connections and transactions are hooks that the
 dialect classes (sqlite.py, postgres.py) override, and nothing else; here, plans are carried out on
-them, and the settings every role reads are kept."""
+them (PlanRunner), the settings every role reads are kept, and what was reclaimed is counted."""
 
 from __future__ import annotations
 
@@ -18,7 +18,75 @@ from scheduler.store.plans import Plan, Read, Step, WriteEach, drive
 from scheduler.store.routing import Route
 
 
-class Database:
+class ReclaimTally:
+    """Held tasks this process took back, by (reason code, "queued", "failed" or "cancelled"): for
+    /metrics. Added to by whichever thread reclaims, read by the scrape."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, code: str, outcome: str) -> None:
+        with self._lock:
+            self._counts[(code, outcome)] += 1
+
+    def copy(self) -> Counter[tuple[str, str]]:
+        with self._lock:
+            return self._counts.copy()
+
+    def __getitem__(self, key: tuple[str, str]) -> int:
+        return self.copy()[key]
+
+
+class PlanRunner:
+    """How a store carries out its plans (scheduler.store.plans): each step atomic on its own
+    (`_run`), every step in one transaction (`_run_in`), or from the event loop (`_arun`, and the
+    hooks where a backend may commit several callers' steps together). The Database below provides
+    the handles."""
+
+    _stmt: Callable[[], AbstractContextManager[Any]]
+    _read: Callable[[], Any]
+    _each: Callable[..., list]
+    acall: Callable[..., Any]
+
+    def _run(self, plan: Plan) -> Any:
+        """A plan whose steps are each atomic on their own."""
+        return drive(plan, self._step)
+
+    def _step(self, step: Step) -> list:
+        if isinstance(step, WriteEach):
+            with self._stmt() as db:
+                return self._each(db, step.sql, step.args)
+        if isinstance(step, Read):
+            return self._read().execute(step.sql, step.args).fetchall()
+        with self._stmt() as db:
+            return db.execute(step.sql, step.args).fetchall()
+
+    def _run_in(self, db: Any, plan: Plan) -> Any:
+        """A plan with every step on `db`, inside its transaction: a row read locked stays locked."""
+        return drive(plan, lambda step: self._each(db, step.sql, step.args) if isinstance(step, WriteEach)
+                     else db.execute(step.sql, step.args).fetchall())
+
+    async def _arun(self, plan: Plan) -> Any:
+        return await self.acall(self._run, plan)
+
+    async def _aintake(self, plan: Plan) -> Any:
+        """A plan that lets new work in (a submit): _arun, where the backend may hold it back so
+        that the calls that empty the queue (claims, reports) are not starved under a flood."""
+        return await self._arun(plan)
+
+    async def _areports(self, plan: Plan) -> Any:
+        """A round of reports whose first step (its UPDATEs) the backend may commit together with
+        other rounds' (PostgreSQL); _arun elsewhere."""
+        return await self._arun(plan)
+
+    async def _aclaims(self, plan: Plan) -> Any:
+        """A claim whose UPDATE the backend may commit together with other claims' (PostgreSQL);
+        _arun elsewhere."""
+        return await self._arun(plan)
+
+
+class Database(PlanRunner):
     """Subclasses provide `_tx()` (a write transaction yielding a handle with `execute(sql, args)`),
     `_read()` (a read handle), `_ids()` and `close()`, and the dialect fragments below."""
 
@@ -49,16 +117,10 @@ class Database:
         self.cold_wait_s = cold_wait_s
         self.route = route
         self.clock = clock
-        # Held tasks this process took back, by (reason code, "queued", "failed" or "cancelled"): for /metrics.
-        self.reclaimed: Counter[tuple[str, str]] = Counter()
-        self._reclaimed_lock = threading.Lock()
+        self.reclaimed = ReclaimTally()
 
     def view(self, row: Any) -> TaskView:
         return task_view(row, self.task_retention_s)
-
-    def tally(self, code: str, outcome: str) -> None:
-        with self._reclaimed_lock:
-            self.reclaimed[(code, outcome)] += 1
 
     # ------------------------------------------------------------ dialect hooks
 
@@ -92,47 +154,9 @@ class Database:
         """False when another process is running maintenance right now."""
         return True
 
-    async def _arun(self, plan: Plan) -> Any:
-        return await self.acall(self._run, plan)
-
-    async def _aintake(self, plan: Plan) -> Any:
-        """A plan that lets new work in (a submit): _arun, where the backend may hold it back so
-        that the calls draining the queue (claims, reports) are not starved under a flood."""
-        return await self._arun(plan)
-
-    async def _areports(self, plan: Plan) -> Any:
-        """A round of reports whose first step (its UPDATEs) the backend may commit together with
-        other rounds' (PostgreSQL); _arun elsewhere."""
-        return await self._arun(plan)
-
-    async def _aclaims(self, plan: Plan) -> Any:
-        """A claim whose UPDATE the backend may commit together with other claims' (PostgreSQL);
-        _arun elsewhere."""
-        return await self._arun(plan)
-
     def _announce(self, n: int) -> None:
         """From the event loop, after the commit: n tasks were made (other processes may be told
         later, together with others)."""
-
-    # ------------------------------------------------------------ plans
-
-    def _run(self, plan: Plan) -> Any:
-        """A plan whose steps are each atomic on their own."""
-        return drive(plan, self._step)
-
-    def _step(self, step: Step) -> list:
-        if isinstance(step, WriteEach):
-            with self._stmt() as db:
-                return self._each(db, step.sql, step.args)
-        if isinstance(step, Read):
-            return self._read().execute(step.sql, step.args).fetchall()
-        with self._stmt() as db:
-            return db.execute(step.sql, step.args).fetchall()
-
-    def _run_in(self, db: Any, plan: Plan) -> Any:
-        """A plan with every step on `db`, inside its transaction: a row read locked stays locked."""
-        return drive(plan, lambda step: self._each(db, step.sql, step.args) if isinstance(step, WriteEach)
-                     else db.execute(step.sql, step.args).fetchall())
 
     # ------------------------------------------------------------ lifecycle
 

@@ -15,7 +15,7 @@ behind a load balancer sharing one database and coordinating through it alone.
 - Submits, claims and report rounds are group-committed (_GroupCommit), each kind apart: those
   that arrive while its connections are busy go in together, one transaction per batch. Submits
   take at most half the async connections, claims and report rounds a quarter each, so that what
-  drains the queue still gets connections under a flood of submits.
+  empties the queue still gets connections under a flood of submits.
 - Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
 """
 
@@ -132,7 +132,7 @@ class PostgresStore(SQLStore):
                                           kwargs={"row_factory": dict_row, "autocommit": True})
         await self._apool.open(wait=True, timeout=30)
         # Submits take at most half the connections: under a flood of them, claims and reports (what
-        # drains the queue) still find one. Before this, 750 submits/s offered starved the drain.
+        # empties the queue) still find one. Before this, 750 submits/s offered starved them.
         self._intake = _GroupCommit(self, slots=max(1, self._pool_size // 2))
         # Report rounds and claims, a quarter each: a batch carries all that arrived meanwhile.
         self._reports = _GroupCommit(self, slots=max(1, self._pool_size // 4))

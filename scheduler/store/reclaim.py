@@ -84,7 +84,7 @@ _OUTCOME_WORDS = {"queued": "requeued", "failed": "failed for good", "cancelled"
 def settle(store: Database, taken: list[Reclaimed]) -> None:
     """Counts and logs what a committed transaction took back."""
     for t in taken:
-        store.tally(t.code, t.outcome)
+        store.reclaimed.add(t.code, t.outcome)
         log.warning("task %s %s: %s (worker %s, attempt %d of %d)", t.task_id, _OUTCOME_WORDS[t.outcome], t.code,
                     t.worker_id, t.attempt, t.max_attempts,
                     extra={"task_id": t.task_id, "worker_id": t.worker_id, "attempt": t.attempt, "error_code": t.code,
