@@ -14,7 +14,6 @@ OWED = {
     "worker/model/engine.py:Engine": 176,
     "scheduler/store/postgres.py:PostgresStore": 168,
     "scheduler/store/sqlite.py:SQLiteStore": 154,
-    "worker/serving/coordinator.py:Coordinator": 152,
 }
 
 

@@ -123,7 +123,7 @@ def _register(coordinator: Coordinator | None, node: NodeDir | None, devices: li
         return STOPPED
     except Unavailable as e:
         log.critical("the scheduler at %s did not answer for %.0fs (%s); exiting for a restart",
-                     coordinator.queue_url, REGISTER_DEADLINE_S, e)
+                     coordinator.cfg.queue.url, REGISTER_DEADLINE_S, e)
         return UNREACHABLE
     except FatalQueueError as e:
         log.critical("scheduler refused this worker: %s", e)

@@ -78,10 +78,8 @@ class Coordinator:
         # Visible in GET /v1/workers: how much this worker may hold.
         self.ledger.counters.set(Counter.LEASE_AHEAD, self.sizes.lease_ahead)
         self.ledger.counters.set(Counter.MAX_PENDING, self.sizes.max_pending)
-
-    @property
-    def queue_url(self) -> str:
-        return self.cfg.queue.url  # named in every message about the scheduler
+        self._swap = SwapTurn(self.ctx, self.models, self.ledger, self.state, self.metrics, self.reporter,
+                              self.intake, self.cfg.deadlines.swap_s)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -158,7 +156,36 @@ class Coordinator:
             self.backlog.add(task, post)
         self.ledger.counters.high_water(Counter.UNREPORTED_MAX, len(self.backlog))
 
-    def _swap(self, resident: Resident, model: str, round_: list[Task]) -> bool:
+    def _keepalive(self) -> None:
+        broadcast(lockstep.Idle(), self.ctx)
+
+    def _stop_unhealthy(self, reason: str) -> None:
+        """Reports what is finished, hands back what never started, stops the followers, raises."""
+        self.backlog.report_down_to(0, self._keepalive, self._wait_s)
+        left = self.intake.close(join_s=self.cfg.queue.lease_wait_s + self.cfg.queue.timeout_s)
+        if left:
+            log.warning("releasing %d task(s) never started: %s", len(left), reason)
+        for task in left:
+            self.reporter.release(task)
+        broadcast(lockstep.Shutdown(f"unhealthy: {reason}"), self.ctx)
+        raise Unhealthy(reason)
+
+
+@dataclass
+class SwapTurn:
+    """A round whose model is not resident on the ranks: the swap it needs, decided by `models`
+    and run on every rank in lockstep."""
+
+    ctx: DistContext
+    models: Models
+    ledger: Ledger
+    state: WorkerState
+    metrics: Metrics
+    reporter: Reporter
+    intake: Intake
+    swap_s: float  # deadlines.swap_s: every rank loading is not a stalled loop
+
+    def __call__(self, resident: Resident, model: str, round_: list[Task]) -> bool:
         """Makes `model` resident on every rank (lockstep.swap), evicting what the policy picks. False
         when its load failed: this round's tasks and every ready one of that model fail, retryable
         (another worker may load it), and it is no longer offered; the worker serves the others."""
@@ -166,7 +193,7 @@ class Coordinator:
         for task in round_:
             self.ledger.advance(task, Stage.SWAP)
         log.info("swap: loading %s%s", model, f", evicting {', '.join(evict)}" if evict else "")
-        self.state.grant(self.cfg.deadlines.swap_s)  # not a stalled loop while every rank loads
+        self.state.grant(self.swap_s)  # not a stalled loop while every rank loads
         self.models.loading(model, evict)
         t0 = time.perf_counter()
         cmd = lockstep.Swap(model, evict)
@@ -188,17 +215,3 @@ class Coordinator:
         for task in round_:
             task.timings.record(swap=seconds * 1e3)
         return True
-
-    def _keepalive(self) -> None:
-        broadcast(lockstep.Idle(), self.ctx)
-
-    def _stop_unhealthy(self, reason: str) -> None:
-        """Reports what is finished, hands back what never started, stops the followers, raises."""
-        self.backlog.report_down_to(0, self._keepalive, self._wait_s)
-        left = self.intake.close(join_s=self.cfg.queue.lease_wait_s + self.cfg.queue.timeout_s)
-        if left:
-            log.warning("releasing %d task(s) never started: %s", len(left), reason)
-        for task in left:
-            self.reporter.release(task)
-        broadcast(lockstep.Shutdown(f"unhealthy: {reason}"), self.ctx)
-        raise Unhealthy(reason)
