@@ -637,12 +637,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     extra = [a for kv in args.set for a in ("--set", kv)]
     rate = args.load * args.gpus / args.work_s
+    stores = args.stores.split(",")
+    if args.pin:  # refused now, before anything is measured or started
+        plan_pins(max(2 if s == "postgres-2" else 1 for s in stores), os.sched_getaffinity(0))
     report = {"machine": platform.processor() or platform.machine(), "cores": psutil.cpu_count(), "gpus": args.gpus,
               "offered_per_s": round(rate, 1), "seconds": args.seconds, "work_s": args.work_s,
               "heartbeat_s": args.heartbeat_s, "durable": True, "rows": []}
-    stores = args.stores.split(",")
-    if args.pin:  # refused now, not after the rows before the one it cannot pin
-        plan_pins(max(2 if s == "postgres-2" else 1 for s in stores), os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         pg = Postgres(work, durable=True) if any(s.startswith("postgres") for s in stores) else None
