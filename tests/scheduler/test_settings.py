@@ -16,7 +16,7 @@ from scheduler.__main__ import parse_args
 from scheduler.app import create_app
 from scheduler.config import (FLAGS, RENAMED_FLAGS, RENAMED_KEYS, ApiConfig, ConfigError, Secrets, SchedulerConfig,
                               flag_values, load_config, read_secrets)
-from scheduler.config.flags import field_of, fields, flag_name
+from scheduler.config.flags import BY_FIELD, field_of, fields, flag_name
 from scheduler.store import open_store
 
 SHIPPED = REPO / "configs" / "scheduler.toml"
@@ -138,17 +138,14 @@ OLD_FLAG_VALUES = {"--db": "postgresql://dit@db/dit", "--host": "localhost", "--
 @pytest.mark.parametrize("old", sorted(RENAMED_FLAGS))
 def test_every_flag_of_before_still_sets_its_field_and_says_its_new_name(old):
     field = RENAMED_FLAGS[old]
-    kind = dict(FLAGS_BY_FIELD[field].kwargs)
+    kind = BY_FIELD[field].kwargs
     argv = [old] if kind.get("action") is not None and kind["action"] != "append" else [
         old, OLD_FLAG_VALUES.get(old, "3")]
     notes: list[str] = []
     environ = {"DIT_WEBHOOK_SECRET": "k", "MY_KEY": "k"}
-    new = load([FLAGS_BY_FIELD[field].name, *argv[1:]] if len(argv) > 1 else [FLAGS_BY_FIELD[field].name], environ)
+    new = load([BY_FIELD[field].name, *argv[1:]], environ)
     assert field_of(load(argv, environ, notes), field) == field_of(new, field)
-    assert notes == [f"{old} is now {FLAGS_BY_FIELD[field].name} (the old flag goes in the next release)"]
-
-
-FLAGS_BY_FIELD = {f.field: f for f in FLAGS}
+    assert notes == [f"{old} is now {BY_FIELD[field].name} (the old flag goes in the next release)"]
 
 
 def test_the_old_and_the_new_flag_for_one_field_are_refused():
