@@ -14,11 +14,9 @@ noise or the conditioning.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import resource
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +26,9 @@ import torch
 from worker.config import ModelConfig, ParallelConfig, SpeedConfig
 from worker.model import parallel, speed
 from worker.model.compile_cache import CompileCache, compile_errors
+from worker.model.generic_path import GenericPath
 from worker.model.job import Job
+from worker.model.prompt_cache import PromptCache
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,12 @@ class Engine:
         self.cfg = cfg
         self.device = device
         self.generations = 0  # images produced since start, warm-up included
-        self._cache: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
-        self._cache_size = prompt_cache_size
-        self.cache_hits = 0
         self.compile_cache = compile_cache
         self._compiled_cold = False  # the compile cache was set aside once already
         # FLUX: the engine embeds the prompts (LRU cache); any other family: the pipeline does.
         self.flux = is_flux(pipe)
-        self._options, self._callback = ({}, None) if pipe is None or self.flux else _call_options(pipe, cfg)
+        self.prompts = PromptCache(pipe, cfg.max_sequence_length, prompt_cache_size) if self.flux else None
+        self.generic = GenericPath(pipe, cfg) if pipe is not None and not self.flux else None
 
     @classmethod
     def load(cls, cfg: ModelConfig, device: torch.device, speed_cfg: SpeedConfig = SpeedConfig(),
@@ -111,7 +109,7 @@ class Engine:
         if not self.flux:
             return self._generate_other(jobs, on_step)
         t0 = time.perf_counter()
-        embeds, pooled = zip(*(self._embed(j.prompt) for j in jobs))
+        embeds, pooled = zip(*(self.prompts.embed(j.prompt) for j in jobs))
         self._sync()
         t1 = time.perf_counter()
         marks: dict[str, float] = {}
@@ -140,56 +138,14 @@ class Engine:
                                 "vae": (t2 - denoised) * 1e3})
 
     def _generate_other(self, jobs: list[Job], on_step: Callable[[int], None] | None) -> Batch:
-        """A pipeline of another family (PixArt-Sigma, ...), called with the prompts themselves."""
-        first = jobs[0]
-        marks: dict[str, float] = {}
-
-        def step_done(i: int) -> None:
-            if i == first.steps - 1:  # after the last scheduler step: denoising is done
-                self._sync()
-                marks["denoised"] = time.perf_counter()
-            if on_step is not None:
-                on_step(i)
-
-        callback = {}
-        if self._callback == "callback_on_step_end":
-            callback["callback_on_step_end"] = lambda _pipe, i, _t, _kwargs: step_done(i) or {}
-        elif self._callback == "callback":  # the older interface, PixArt's: after every step
-            callback.update(callback=lambda i, _t, _latents: step_done(i), callback_steps=1)
-
-        # The end of the text encoding, from the pipeline's own encode_prompt (plain Python, never
-        # compiled: the compiled modules are the encoders it calls), wrapped for this call only.
-        encode = self.pipe.encode_prompt
-
-        def timed_encode(*args, **kwargs):
-            out = encode(*args, **kwargs)
-            self._sync()
-            marks.setdefault("embedded", time.perf_counter())
-            return out
-
-        own = vars(self.pipe).get("encode_prompt")  # one set on the instance (a test's), if any
-        t0 = time.perf_counter()
-        self.pipe.encode_prompt = timed_encode
-        try:
-            images = self._compiling(lambda: self.pipe(
-                prompt=[j.prompt for j in jobs], width=first.width, height=first.height,
-                num_inference_steps=first.steps, guidance_scale=self.cfg.guidance_scale,
-                # A CPU generator per job draws the same noise on every device, rank count and batch.
-                generator=[torch.Generator("cpu").manual_seed(j.seed) for j in jobs],
-                output_type="pt", **self._options, **callback,
-            ).images)
-        finally:
-            if own is None:
-                del self.pipe.encode_prompt  # the class's own again
-            else:
-                self.pipe.encode_prompt = own
+        images, marks = self.generic.run(jobs, on_step, self._compiling, self._sync)
         pictures = to_pictures(images)
         t2 = time.perf_counter()
         self.generations += len(jobs)
-        embedded = marks.get("embedded", t0)
+        embedded = marks.get("embedded", marks["start"])
         denoised = marks.get("denoised", t2)
-        return Batch(pictures, {"embed": (embedded - t0) * 1e3, "denoise": (denoised - embedded) * 1e3,
-                                "vae": (t2 - denoised) * 1e3})
+        return Batch(pictures, {"embed": (embedded - marks["start"]) * 1e3,
+                                "denoise": (denoised - embedded) * 1e3, "vae": (t2 - denoised) * 1e3})
 
     def _compiling(self, run):
         """`run()`; if a compile fails while the compile cache is in use, the cache may be damaged
@@ -203,24 +159,6 @@ class Engine:
             self._compiled_cold = True
             self.compile_cache.set_aside(e)
             return run()
-
-    def _embed(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """T5 + CLIP embeddings of one prompt; repeated prompts come from the LRU cache."""
-        if (hit := self._cache.get(prompt)) is not None:
-            self._cache.move_to_end(prompt)
-            self.cache_hits += 1
-            return hit
-        embeds, pooled, _ = self.pipe.encode_prompt(
-            prompt=prompt, prompt_2=None, device=self.pipe._execution_device,
-            max_sequence_length=self.cfg.max_sequence_length)
-        # Copies: a text encoder compiled with CUDA graphs overwrites its outputs on the next call,
-        # and these outlive it (the cache, a batch's other prompts). 2 MB, microseconds.
-        embeds, pooled = embeds.clone(), pooled.clone()
-        if self._cache_size:
-            self._cache[prompt] = (embeds, pooled)
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        return embeds, pooled
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -246,24 +184,6 @@ def is_flux(pipe) -> bool:
     from diffusers import FluxPipeline
 
     return isinstance(pipe, FluxPipeline)
-
-
-def _call_options(pipe, cfg: ModelConfig) -> tuple[dict, str | None]:
-    """What the generic path passes to a pipeline of another family, of what its __call__ accepts,
-    and the step callback it takes: callback_on_step_end, the older callback, or none (then the
-    whole call after the text encoding counts as denoise)."""
-    accepted = inspect.signature(type(pipe).__call__).parameters
-    wanted = dict(
-        max_sequence_length=cfg.max_sequence_length,
-        # PixArt's binning denoises at the nearest trained aspect ratio and resizes the image: the
-        # worker validates sizes itself, and its warm-up and batches are keyed on the size asked for.
-        use_resolution_binning=False,
-        # Caption cleaning needs bs4 and ftfy, which the worker does not install; without them PixArt
-        # falls back to this (lower-case, strip) with two warnings per call.
-        clean_caption=False,
-    )
-    callback = next((name for name in ("callback_on_step_end", "callback") if name in accepted), None)
-    return {k: v for k, v in wanted.items() if k in accepted}, callback
 
 
 def _origin(cfg: ModelConfig) -> str:

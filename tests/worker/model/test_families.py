@@ -88,4 +88,4 @@ def test_flux_still_loads_through_the_generic_path_as_a_flux_pipeline(tiny_model
     flux = Engine.load(ModelConfig(name="tiny", source=str(tiny_model), dtype="float32", device="cpu",
                                    max_sequence_length=64), torch.device("cpu"), TINY_SPEED)
     assert isinstance(flux.pipe, FluxPipeline) and flux.flux
-    assert flux.generate(job()).pixels.shape == (64, 64, 3) and flux.cache_hits == 0
+    assert flux.generate(job()).pixels.shape == (64, 64, 3) and flux.prompts.hits == 0

@@ -46,7 +46,7 @@ def test_prompt_cache_skips_the_text_encoders_for_repeated_prompts(tiny_model, p
     # The pipeline calls encode_prompt too, with the embeddings given (prompt None): not counted.
     engine.pipe.encode_prompt = lambda **kw: (kw["prompt"] and calls.append(kw["prompt"])) or encode(**kw)
     pictures = [engine.generate(j) for j in (JOBS[0], JOBS[2], JOBS[1])]  # prompts 0, 0, 1
-    assert calls == [JOBS[0].prompt, JOBS[1].prompt] and engine.cache_hits == 1
+    assert calls == [JOBS[0].prompt, JOBS[1].prompt] and engine.prompts.hits == 1
     assert_close(pictures, [plain[0], plain[2], plain[1]])
     engine.generate(JOBS[0])  # evicted by prompt 1 (size 1): encoded again
     assert len(calls) == 3
@@ -79,5 +79,5 @@ def test_compile_text_wraps_both_text_encoders_and_copies_what_it_caches(tiny_mo
     # A CUDA-graphed encoder reuses its output buffers: the cache must hold copies.
     out = torch.zeros(1, 64, 32), torch.zeros(1, 32)
     engine.pipe.encode_prompt = lambda **kw: (*out, None)
-    embeds, pooled = engine._embed("a kite")
+    embeds, pooled = engine.prompts.embed("a kite")
     assert embeds.data_ptr() != out[0].data_ptr() and pooled.data_ptr() != out[1].data_ptr()
