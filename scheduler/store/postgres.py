@@ -10,18 +10,15 @@ behind a load balancer sharing one database and coordinating through it alone.
   psycopg's async pool (each step one round trip; a round's reports pipelined by executemany); the
   others use the blocking pool from the app's thread pool. Pool connections are in autocommit.
 - New work is announced with NOTIFY after commit, the submits made while one NOTIFY is on its way
-  together in the next (_Announcer): every scheduler process LISTENs and wakes its own long-polling
+  together in the next (postgres_loop.Announcer): every scheduler process LISTENs and wakes its own long-polling
   lease requests (at most as many as the tasks), besides their poll_s fallback.
-- Submits, claims and report rounds are group-committed (_GroupCommit), each kind apart: those
-  that arrive while its connections are busy go in together, one transaction per batch. Submits
-  take at most half the async connections, claims and report rounds a quarter each, so that what
-  empties the queue still gets connections under a flood of submits.
+- Submits, claims and report rounds are group-committed (postgres_loop.py), each kind apart: those
+  that arrive while its connections are busy go in together, one transaction per batch.
 - Maintenance runs in whichever process takes the advisory lock first; the others skip that round.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import uuid
@@ -31,11 +28,11 @@ from typing import Any
 
 from scheduler.store import migrate
 from scheduler.store.plans import Plan, Step, Write, WriteEach
+from scheduler.store.postgres_loop import CHANNEL, LoopPool
 from scheduler.store.sql import SQLStore
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "dit_tasks"
 MIGRATIONS_LOCK = 7_305_001  # advisory lock keys, arbitrary but fixed
 MAINTENANCE_LOCK = 7_305_002
 
@@ -72,17 +69,11 @@ class PostgresStore(SQLStore):
         self._pool = ConnectionPool(url, min_size=2, max_size=pool_size,
                                     kwargs={"row_factory": dict_row, "autocommit": True}, open=False)
         self._pool.open(wait=True, timeout=30)
-        self._pool_size = pool_size
-        self._apool = None  # the async pool, opened on the app's loop (aopen)
-        self._intake: _GroupCommit | None = None  # submits
-        self._reports: _GroupCommit | None = None  # report rounds
-        self._claims: _GroupCommit | None = None
-        self._announcer: _Announcer | None = None
+        self._hot = LoopPool(url, pool_size, self.instance)  # the async pool and its group commits, opened on the loop
         with self._tx() as db:  # schedulers starting together: one applies, the others find it done
             db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATIONS_LOCK,))
             migrate.apply(db, "postgres")
-        self._listener: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._listener = _Listener(url, self.instance)
 
     # ------------------------------------------------------------ hooks
 
@@ -120,87 +111,73 @@ class PostgresStore(SQLStore):
         return db.execute("SELECT pg_try_advisory_xact_lock(?) AS ok", (MAINTENANCE_LOCK,)).fetchone()["ok"]
 
     def close(self) -> None:
-        self._stop.set()
+        self._listener.stop()
         self._pool.close()
 
     async def aopen(self) -> None:
-        from psycopg.rows import dict_row
-        from psycopg_pool import AsyncConnectionPool
-
-        # Fixed size: a pool growing under a burst makes the burst wait for new connections.
-        self._apool = AsyncConnectionPool(self.url, min_size=self._pool_size, max_size=self._pool_size, open=False,
-                                          kwargs={"row_factory": dict_row, "autocommit": True})
-        await self._apool.open(wait=True, timeout=30)
-        # Submits take at most half the connections: under a flood of them, claims and reports (what
-        # empties the queue) still find one. Before this, 750 submits/s offered starved them.
-        self._intake = _GroupCommit(self, slots=max(1, self._pool_size // 2))
-        # Report rounds and claims, a quarter each: a batch carries all that arrived meanwhile.
-        self._reports = _GroupCommit(self, slots=max(1, self._pool_size // 4))
-        self._claims = _GroupCommit(self, slots=max(1, self._pool_size // 4))
-        self._announcer = _Announcer(self)
+        await self._hot.open()
 
     async def _aintake(self, plan: Plan) -> Any:
-        """A submit's INSERT goes in with the others waiting (_GroupCommit); a step after it (the
-        read of a task whose idempotency key was taken) on its own."""
-        return await self._grouped(self._intake, plan)
+        """A submit's INSERT with the others waiting; a step after it (a taken idempotency key's read) alone."""
+        return await self._grouped("intake", plan)
 
     async def _areports(self, plan: Plan) -> Any:
-        return await self._grouped(self._reports, plan)
+        return await self._grouped("reports", plan)
 
     async def _aclaims(self, plan: Plan) -> Any:
         """A claim's UPDATE with the others waiting: in one transaction, each sees the rows the
         earlier ones leased as leased, and SKIP LOCKED keeps batches in flight off each other's."""
-        return await self._grouped(self._claims, plan)
+        return await self._grouped("claims", plan)
 
-    async def _grouped(self, batcher: _GroupCommit | None, plan: Plan) -> Any:
-        """The plan's first step, a write, group-committed by `batcher`; the steps after it on their own."""
-        if self._apool is None or batcher is None:
+    async def _grouped(self, kind: str, plan: Plan) -> Any:
+        """The plan's first step, a write, group-committed by the `kind` batcher; the steps after it on their own."""
+        if not self._hot.opened:
             return await self._arun(plan)
         try:
             step = next(plan)
             if isinstance(step, (Write, WriteEach)):
-                step = plan.send(await batcher.write(step))
+                step = plan.send(await self._hot.batcher(kind).write(step))
         except StopIteration as done:
             return done.value
         return await self._arun(plan, step)
 
     def _announce(self, n: int) -> None:
-        if self._apool is None:  # not on a loop: at once, on a blocking connection
-            with self._stmt() as db:
-                self._notify(db, n)
-            return
-        self._announcer.add(n)
+        if self._hot.opened:
+            return self._hot.announcer.add(n)
+        with self._stmt() as db:  # not on a loop: at once, on a blocking connection
+            self._notify(db, n)
 
     async def aclose(self) -> None:
-        for batcher in (self._intake, self._claims, self._reports):
-            if batcher is not None:  # a batch whose callers left is still written, then the pool closes
-                await batcher.flushed()
-        if self._announcer is not None:
-            await self._announcer.flushed()
-        if self._apool is not None:
-            await self._apool.close()
-            self._apool = None
+        await self._hot.close()  # what waits is still written, then the pool closes
 
     async def _arun(self, plan: Plan, step: Step | None = None) -> Any:
-        """A plan on the event loop: each step one round trip on a pooled async connection, no
-        thread hand-offs (through the thread pool they cost more than the statements). `step`: the
-        plan's next step, where it was started elsewhere."""
-        if self._apool is None:  # not opened on a loop (or closed meanwhile): the blocking way
+        """A plan on the event loop, each step one round trip on a pooled async connection (LoopPool).
+        `step`: the plan's next step, where it was started elsewhere."""
+        if not self._hot.opened:  # not opened on a loop (or closed meanwhile): the blocking way
             return await super()._arun(plan if step is None else _resumed(plan, step))
-        try:
-            step = next(plan) if step is None else step
-            while True:
-                async with self._apool.connection() as conn, conn.cursor() as cur:
-                    step = plan.send(await _astep(cur, step))
-        except StopIteration as done:
-            return done.value
+        return await self._hot.run(plan, step)
 
     # ------------------------------------------------------------ start-up and wake-ups
 
     def listen(self, on_work: Callable[[int], None]) -> None:
         """Calls on_work(n) when another scheduler process announces n tasks; on a thread of its own."""
-        self._listener = threading.Thread(target=self._listen, args=(on_work,), name="pg-listen", daemon=True)
-        self._listener.start()
+        self._listener.start(on_work)
+
+
+class _Listener:
+    """LISTEN on its own connection and thread: another process's NOTIFY wakes this one's lease
+    requests. The database restarting: it listens again; polling covers the gap."""
+
+    def __init__(self, url: str, instance: str) -> None:
+        self.url = url
+        self.instance = instance
+        self._stop = threading.Event()
+
+    def start(self, on_work: Callable[[int], None]) -> None:
+        threading.Thread(target=self._listen, args=(on_work,), name="pg-listen", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def _listen(self, on_work: Callable[[int], None]) -> None:
         import psycopg
@@ -218,142 +195,6 @@ class PostgresStore(SQLStore):
                 if not self._stop.is_set():
                     log.warning("LISTEN %s failed (%s); retrying in 1 s", CHANNEL, e)
                     self._stop.wait(1.0)
-
-
-class _GroupCommit:
-    """Writes group-committed (submits' INSERTs; claims' and report rounds' UPDATEs), one batcher
-    per kind: those that arrive while its connections are busy go in together, one transaction
-    and one round trip (pipelined) per batch, so a flood costs a commit (and a WAL flush) per
-    batch rather than per call, and its pace no longer depends on how soon a busy event loop
-    resumes each call. At most `slots` batches at once: the rest of the pool is for the other
-    calls. A call is answered only once its batch has committed. A batch refused for one row's data
-    (an integrity or data error), or chosen as a deadlock's victim, is sent again one step at a
-    time, each in its own transaction as before, so that only that step fails."""
-
-    MAX_BATCH = 256
-
-    def __init__(self, store: PostgresStore, slots: int) -> None:
-        self._store = store
-        self._slots = slots
-        self._sending: set[asyncio.Task] = set()
-        self._starting = False  # a sender made that has not yet taken its batch
-        self._waiting: list[tuple[Write | WriteEach, asyncio.Future]] = []
-        self.batches = 0  # sent so far (each one transaction)
-
-    async def write(self, step: Write | WriteEach) -> list:
-        """`step`'s RETURNING rows (a WriteEach's, of all its statements), once its batch has committed."""
-        done = asyncio.get_running_loop().create_future()
-        self._waiting.append((step, done))
-        self._start()
-        return await done
-
-    async def flushed(self) -> None:
-        """Once every batch waiting or being sent has been."""
-        while self._sending:
-            await asyncio.wait(set(self._sending))
-
-    def _start(self) -> None:
-        """A sender for what waits, unless one is about to take it or every slot is busy. The batch
-        is taken when the sender runs, at the loop's next turn: the submits of this turn join it."""
-        if self._waiting and not self._starting and len(self._sending) < self._slots:
-            self._starting = True
-            task = asyncio.get_running_loop().create_task(self._send())
-            self._sending.add(task)
-            task.add_done_callback(self._sent)
-
-    def _sent(self, task: asyncio.Task) -> None:
-        self._sending.discard(task)
-        self._start()
-
-    async def _send(self) -> None:
-        self._starting = False
-        batch, self._waiting = self._waiting[:self.MAX_BATCH], self._waiting[self.MAX_BATCH:]
-        self.batches += 1
-        self._start()  # more than a batch waits, and a slot is free
-        await self._sent_batch(batch)
-
-    async def _sent_batch(self, batch: list[tuple[Write | WriteEach, asyncio.Future]]) -> None:
-        import psycopg
-
-        try:
-            steps = [step for step, _ in batch]
-            try:
-                # A batch of one goes as it did before batching (autocommit: no BEGIN and COMMIT to
-                # wait for, no pipeline to set up): what a call costs on a quiet scheduler.
-                results = [await self._alone(steps[0])] if len(steps) == 1 else await self._together(steps)
-            except (psycopg.errors.IntegrityError, psycopg.errors.DataError, psycopg.errors.DeadlockDetected,
-                    psycopg.errors.SerializationFailure):
-                results = [await self._alone(step) for step in steps]
-            for (_, done), rows in zip(batch, results):
-                if done.done():  # its request gone meanwhile: the task is stored all the same
-                    continue
-                if isinstance(rows, Exception):
-                    done.set_exception(rows)
-                else:
-                    done.set_result(rows)
-        except BaseException as e:  # the database away: every call of the batch hears why
-            for _, done in batch:
-                if not done.done():
-                    done.set_exception(e)
-            if not isinstance(e, Exception):
-                raise
-
-    async def _together(self, steps: list[Write | WriteEach]) -> list[list]:
-        """Every step in one transaction, each step's rows apart: one executemany per statement text."""
-        by_sql: dict[str, list[tuple[int, tuple]]] = {}
-        for i, step in enumerate(steps):
-            for args in (step.args if isinstance(step, WriteEach) else [step.args]):
-                by_sql.setdefault(step.sql, []).append((i, args))
-        out: list[list] = [[] for _ in steps]
-        async with self._store._apool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            for sql, calls in by_sql.items():
-                await cur.executemany(sql.replace("?", "%s"), [args for _, args in calls], returning=True)
-                for i, _ in calls:
-                    out[i] += await cur.fetchall() if cur.description else []
-                    cur.nextset()
-        return out
-
-    async def _alone(self, step: Write | WriteEach) -> list | Exception:
-        """`step` in autocommit, as each was sent before batching; its error returned, to be
-        answered to its call alone."""
-        try:
-            async with self._store._apool.connection() as conn, conn.cursor() as cur:
-                return await _astep(cur, step)
-        except Exception as e:  # noqa: BLE001 - this call's own error
-            return e
-
-
-class _Announcer:
-    """NOTIFYs coalesced: the tasks submitted while one NOTIFY is on its way go out together in the
-    next (one NOTIFY per submit took PostgreSQL's notify-queue lock at every submit's commit, and
-    every other process parsed each). A task is announced only after its commit; a NOTIFY that
-    fails is logged, and the other processes' poll_s fallback finds the work."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-        self._pending = 0
-        self._sending: asyncio.Task | None = None
-
-    def add(self, n: int) -> None:
-        self._pending += n
-        if self._sending is None:
-            self._sending = asyncio.get_running_loop().create_task(self._send())
-
-    async def flushed(self) -> None:
-        if self._sending is not None:
-            await self._sending
-
-    async def _send(self) -> None:
-        try:
-            while self._pending:
-                n, self._pending = self._pending, 0
-                async with self._store._apool.connection() as conn:
-                    await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self._store.instance}:{n}"))
-        except Exception as e:  # noqa: BLE001 - the database away: polling covers the gap
-            log.warning("NOTIFY %s failed (%s); other processes find the work by polling", CHANNEL, e)
-            self._pending = 0
-        finally:
-            self._sending = None
 
 
 class _PooledRead:
@@ -388,18 +229,6 @@ def _resumed(plan: Plan, step: Step) -> Plan:
             step = plan.send((yield step))
     except StopIteration as done:
         return done.value
-
-
-async def _astep(cur, step) -> list:
-    sql = step.sql.replace("?", "%s")
-    if not isinstance(step, WriteEach):
-        return await (await cur.execute(sql, step.args)).fetchall()
-    await cur.executemany(sql, step.args, returning=True)
-    rows = []
-    while True:  # the async twin of _all_results
-        rows += await cur.fetchall() if cur.description else []
-        if not cur.nextset():
-            return rows
 
 
 def _all_results(cur) -> list:

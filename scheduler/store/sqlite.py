@@ -10,33 +10,19 @@ millisecond in-process, less than handing it to a thread and back. So one schedu
 file: a second process holding the write lock would stall the first one's loop (busy_timeout). For
 several scheduler processes, use PostgreSQL.
 
-Group commit. synchronous=FULL makes every COMMIT an fsync, and under a fleet's load (four
-transactions per task) the fsyncs were a third of the scheduler's time. So the calls the event loop
-makes within one turn of it share one transaction: the first opens it, each call is a SAVEPOINT in
-it (atomic on its own: a call that fails undoes only itself), and one COMMIT, at the loop's next
-turn, makes them all durable at once. No call returns before that COMMIT: an answer a client gets
-is on disk. The busier the loop, the more calls share an fsync.
-
-The COMMIT runs on a thread of its own: its fsync (some 0.4 ms on an SSD, up to a sixth of the loop's
-time under a fleet's load) no longer stops the event loop, which parses, admits and answers other
-requests meanwhile. Store calls made during it wait for it and then form the next group together.
-
-Locks (docs/architecture.md, "Threads, locks and the event loop"). `_write` guards the write
-connection: a thread holds it for its own transaction; the loop's group holds it from its BEGIN
-until the committer thread's COMMIT, across turns of the loop. So the loop thread takes it only to
-open a group (never while its own group is open), and nothing else ever waits for it on the loop.
+Group commit (sqlite_group.py): the calls the event loop makes within one turn of it share one
+transaction, a savepoint each, made durable by one COMMIT on a thread of its own before any of them
+is answered. `_write` guards the write connection (a thread's transaction, or the loop's group).
 `_readers` guards the list of read connections, held for an append and nothing else: a read never
 waits for a writer, and the loop's first read never waits for its own group.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,6 +30,7 @@ from typing import Any
 from scheduler.store import migrate
 from scheduler.store.plans import Read, Step
 from scheduler.store.sql import SQLStore
+from scheduler.store.sqlite_group import LoopGroup
 
 
 class SQLiteStore(SQLStore):
@@ -61,15 +48,8 @@ class SQLiteStore(SQLStore):
         self._busy_ms = round(busy_timeout_s * 1000)
         self._write = threading.Lock()  # the write connection: a thread's transaction, or the loop's group
         self._readers_lock = threading.Lock()  # the list of read connections, for an append
-        # Group commit (aopen): the loop whose calls share transactions, the open group's future.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        self._group: asyncio.Future | None = None
-        self._joined: asyncio.Future | None = None
-        self._committing: asyncio.Future | None = None  # the last group's COMMIT, on the committer thread
-        self._committer: ThreadPoolExecutor | None = None
-        self.group_commits = 0
         self._db = self._connect()
+        self._group = LoopGroup(self._db, self._write)  # group commit, from aopen on
         self._db.execute("PRAGMA journal_mode=WAL")
         with self._tx() as db:
             adopt_inline_schema(db)
@@ -96,8 +76,8 @@ class SQLiteStore(SQLStore):
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        if self._loop_thread == threading.get_ident():  # a call the event loop makes: in the group
-            yield from self._in_group()
+        if self._group.on_loop():  # a call the event loop makes: in the group
+            yield from self._group.savepoint()
             return
         with self._write:
             self._db.execute("BEGIN IMMEDIATE")
@@ -108,92 +88,31 @@ class SQLiteStore(SQLStore):
                 raise
             self._db.execute("COMMIT")
 
-    def _in_group(self) -> Iterator[sqlite3.Connection]:
-        """A savepoint in the loop's open group transaction (opened here if none is)."""
-        if self._group is None:
-            # Held until the group commits: threads' transactions wait for it. Free, or held by a
-            # thread's transaction or the last group's COMMIT (acall waited for that), both of which
-            # end without the loop.
-            self._write.acquire()
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except BaseException:
-                self._write.release()
-                raise
-            self._group = self._loop.create_future()
-            self._loop.call_soon(self._commit_group)
-        self._joined = self._group
-        self._db.execute("SAVEPOINT call")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK TO call")
-            self._db.execute("RELEASE call")
-            raise
-        self._db.execute("RELEASE call")
-
-    def _commit_group(self) -> None:
-        """At the loop's turn after the group opened: its COMMIT, handed to the committer thread."""
-        group, self._group = self._group, None
-        self._committing = done = self._loop.run_in_executor(self._committer, self._commit)
-        done.add_done_callback(lambda f: self._committed(f, group))  # before any waiter's: they resume after
-
-    def _commit(self) -> None:
-        """On the committer thread. The lock, held since the group's BEGIN, is released before the
-        loop hears of it: the next group can open as soon as it resumes."""
-        try:
-            self._db.execute("COMMIT")
-        except BaseException:  # the disk full or gone: every call of the group fails
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise
-        finally:
-            self._write.release()
-
-    def _committed(self, done: asyncio.Future, group: asyncio.Future) -> None:
-        if self._committing is done:
-            self._committing = None
-        if (error := done.exception()) is not None:
-            group.set_exception(error)
-        else:
-            group.set_result(None)
-            self.group_commits += 1
-
     async def acall(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn` on the event loop; once it wrote, after the COMMIT that makes it durable."""
-        if self._loop_thread != threading.get_ident():
+        if not self._group.on_loop():
             return fn(*args)
-        while (prior := self._committing) is not None:  # not raised here: the prior group's failure is its own
-            await asyncio.wait({prior})
-        self._joined = None
-        result = fn(*args)
-        group, self._joined = self._joined, None
-        if group is not None:
-            await asyncio.shield(group)  # a cancelled request does not cancel the others' commit
-        return result
+        return await self._group.call(fn, *args)
 
     async def aopen(self) -> None:
         """From here on, the calls this loop makes share transactions (group commit)."""
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._committer = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
+        await self._group.open()
 
     async def aclose(self) -> None:
-        while (pending := self._group or self._committing) is not None:  # an open group, a COMMIT in flight
-            await asyncio.wait({pending})
-        self._loop_thread = None
-        if self._committer is not None:
-            self._committer.shutdown()
-            self._committer = None
+        await self._group.close()
 
     def _step(self, step: Step) -> list:
         """A plan's read, in the loop's group, sees the writes of the group's earlier calls."""
-        if isinstance(step, Read) and self._loop_thread == threading.get_ident() and self._group is not None:
+        if isinstance(step, Read) and self._group.on_loop() and self._group.is_open():
             return self._db.execute(step.sql, step.args).fetchall()
         return super()._step(step)
 
     def _ids(self, ids: list[str]) -> tuple[str, Any]:
         return "id IN (SELECT value FROM json_each(?))", json.dumps(ids)
+
+    @property
+    def group_commits(self) -> int:
+        return self._group.commits
 
     def close(self) -> None:
         """After aclose: waits for a thread's transaction, never for a group (none can be open)."""

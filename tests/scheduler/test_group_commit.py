@@ -99,7 +99,7 @@ def test_the_loop_runs_on_while_a_commit_is_in_flight_and_later_calls_form_the_n
     store = SQLiteStore(path)
     real = store._db
     started, go = threading.Event(), threading.Event()
-    store._db = OnCommit(real, lambda: (started.set(), go.wait(10)))  # each COMMIT waits for the test
+    store._db = store._group._db = OnCommit(real, lambda: (started.set(), go.wait(10)))  # each COMMIT waits for the test
 
     async def scenario():
         first = asyncio.create_task(store.acall(store.tasks.submit, SubmitTask(input={"prompt": "first"})))
@@ -114,5 +114,5 @@ def test_the_loop_runs_on_while_a_commit_is_in_flight_and_later_calls_form_the_n
         assert committed(path) == 2 and store.group_commits == 2
 
     on_loop(store, scenario)
-    store._db = real
+    store._db = store._group._db = real
     store.close()

@@ -30,7 +30,7 @@ def test_a_failed_commit_fails_every_call_of_its_group_and_the_next_group_works(
 
     async def scenario():
         await store.aopen()
-        store._db = OnCommit(real, disk_full_once())
+        store._db = store._group._db = OnCommit(real, disk_full_once())
         out = await asyncio.gather(*[store.acall(store.tasks.submit, SubmitTask(input={"prompt": f"{i}"}))
                                      for i in range(3)], return_exceptions=True)
         assert all(isinstance(o, sqlite3.OperationalError) for o in out)
@@ -38,7 +38,7 @@ def test_a_failed_commit_fails_every_call_of_its_group_and_the_next_group_works(
         await store.aclose()
 
     asyncio.run(scenario())
-    store._db = real
+    store._db = store._group._db = real
     with sqlite3.connect(path) as db:
         assert [r[0] for r in db.execute("SELECT input FROM tasks")] == ['{"prompt": "after"}']
     store.close()

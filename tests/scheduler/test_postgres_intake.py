@@ -1,5 +1,5 @@
 """Submits, report rounds and claims on PostgreSQL are group-committed: the writes that arrive
-together on the event loop go in one transaction (scheduler/store/postgres.py, _GroupCommit), each
+together on the event loop go in one transaction (scheduler/store/postgres_loop.py, GroupCommit), each
 call answered as it would be alone: a submit its own task, or the first task of an idempotency key
 already used; a report its task, or its own refusal; a claim its own tasks, none leased twice."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from protocol import RegisterWorker, Report, SubmitTask
 from scheduler.store import Refused
-from scheduler.store.postgres import _GroupCommit
+from scheduler.store.postgres_loop import GroupCommit
 from tests.scheduler.pg_store import fresh_store, on_loop
 
 
@@ -27,7 +27,7 @@ def test_submits_arriving_together_are_stored_in_one_batch_each_answered_alone(s
         return await asyncio.gather(*[store.tasks.asubmit(r) for r in reqs])
 
     out = on_loop(store, submit_all)
-    assert store._intake.batches == 1  # all 40 were waiting when the sender took its batch
+    assert store._hot.intake.batches == 1  # all 40 were waiting when the sender took its batch
     assert all(created for _, created in out)
     assert [view.input["prompt"] for view, _ in out] == [r.input["prompt"] for r in reqs]
     assert len({view.id for view, _ in out}) == 40
@@ -44,14 +44,14 @@ def test_one_idempotency_key_twice_in_a_batch_makes_one_task(store):
                                     store.tasks.asubmit(same.model_copy()))
 
     (first, made_first), (_, made_other), (again, made_again) = on_loop(store, submit_all)
-    assert store._intake.batches == 1
+    assert store._hot.intake.batches == 1
     assert made_first and made_other and not made_again
     assert again.id == first.id
     assert len(store.tasks.list(None, 100, 0)) == 2
 
 
 def test_submits_beyond_a_batch_go_in_the_next_ones(store, monkeypatch):
-    monkeypatch.setattr(_GroupCommit, "MAX_BATCH", 8)
+    monkeypatch.setattr(GroupCommit, "MAX_BATCH", 8)
     reqs = [SubmitTask(input={"prompt": f"many {i}"}) for i in range(30)]
 
     async def submit_all():
@@ -59,7 +59,7 @@ def test_submits_beyond_a_batch_go_in_the_next_ones(store, monkeypatch):
 
     out = on_loop(store, submit_all)
     assert all(created for _, created in out)
-    assert store._intake.batches == 4  # 8 + 8 + 8 + 6
+    assert store._hot.intake.batches == 4  # 8 + 8 + 8 + 6
     assert len(store.tasks.list(None, 100, 0)) == 30
 
 
@@ -75,7 +75,7 @@ def test_single_reports_arriving_together_are_applied_in_one_batch_a_stale_one_r
         return await asyncio.gather(*[store.reports.areport(t, r) for t, r in reports], return_exceptions=True)
 
     out = on_loop(store, report_all)
-    assert store._reports.batches == 1
+    assert store._hot.reports.batches == 1
     assert isinstance(out[2], Refused)
     assert [v.status for i, v in enumerate(out) if i != 2] == ["processing"] * 5
     assert store.tasks.get(reports[2][0]).status == "leased"
@@ -91,7 +91,7 @@ def test_claims_arriving_together_are_committed_in_one_batch_and_never_share_a_t
         return await asyncio.gather(*[store.claims.aclaim(w, 2) for w in workers])
 
     got = on_loop(store, claim_all)
-    assert store._claims.batches == 1
+    assert store._hot.claims.batches == 1
     ids = [lease.task_id for leases in got for lease in leases]
     assert len(ids) == 8 and len(set(ids)) == 8  # 2 + 2 + 2 + 2 + 0: each task leased once
     assert sorted(len(leases) for leases in got) == [0, 2, 2, 2, 2]
@@ -110,5 +110,5 @@ def test_closing_waits_for_a_batch_whose_callers_have_gone(store):
         return submits
 
     asyncio.run(run())
-    assert store._intake.batches == 1
+    assert store._hot.intake.batches == 1
     assert sorted(t.input["prompt"] for t in store.tasks.list(None, 10, 0)) == [f"left {i}" for i in range(5)]

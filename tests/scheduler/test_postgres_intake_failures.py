@@ -33,14 +33,14 @@ def test_a_row_refused_fails_its_submit_alone(store):
     async def run():
         await store.aopen()
         try:
-            return await asyncio.gather(*[store._intake.write(s) for s in steps], return_exceptions=True)
+            return await asyncio.gather(*[store._hot.intake.write(s) for s in steps], return_exceptions=True)
         finally:
             await store.aclose()
 
     a, dup, b = asyncio.run(run())
     assert isinstance(dup, psycopg.errors.UniqueViolation)
     assert a[0]["input"] == '{"prompt": "a"}' and b[0]["input"] == '{"prompt": "b"}'
-    assert store._intake.batches == 1  # sent together, refused, then one by one
+    assert store._hot.intake.batches == 1  # sent together, refused, then one by one
     assert sorted(t.input["prompt"] for t in store.tasks.list(None, 10, 0)) == ["a", "b", "first"]
 
 
@@ -48,7 +48,7 @@ def test_a_batch_that_cannot_be_sent_fails_every_submit_in_it(store):
     async def run():
         await store.aopen()
         try:
-            await store._apool.close()  # the pool gone: no connection for the batch
+            await store._hot.pool.close()  # the pool gone: no connection for the batch
             return await asyncio.gather(*[store.tasks.asubmit(SubmitTask(input={"prompt": f"lost {i}"}))
                                           for i in range(3)], return_exceptions=True)
         finally:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-from types import SimpleNamespace
 
 import pytest
 
 from protocol import SubmitTask
-from scheduler.store.postgres import PostgresStore, _Announcer
+from scheduler.store.postgres import PostgresStore
+from scheduler.store.postgres_loop import Announcer
 from tests.scheduler.pg_store import on_loop
 
 
@@ -85,7 +85,7 @@ def test_submits_made_while_a_notify_is_on_its_way_go_out_together_in_the_next()
     async def scenario():
         nonlocal first_in_flight, release
         first_in_flight, release = asyncio.Event(), asyncio.Event()
-        announcer = _Announcer(SimpleNamespace(_apool=Pool(), instance="me"))
+        announcer = Announcer(Pool(), "me")
         announcer.add(1)
         await first_in_flight.wait()
         for n in (2, 3, 4):
