@@ -18,10 +18,10 @@ unexport PYTHONDONTWRITEBYTECODE
 POLICY_MODEL := safety/policy/lists/learned.safetensors
 install: $(VENV)/.installed $(POLICY_MODEL)
 
-$(POLICY_MODEL): $(VENV)/.installed tools/policy_train.py safety/policy/learned.py safety/policy/normalize.py \
+$(POLICY_MODEL): $(VENV)/.installed release/policy_train.py safety/policy/learned.py safety/policy/normalize.py \
 		safety/policy/prompt_policy.py safety/policy/lists.py safety/policy/lists/policy.toml \
 		$(wildcard safety/policy/training/*.jsonl safety/policy/lists/*.toml safety/policy/lists/forms/*.json)
-	$(PY) -m tools.policy_train
+	$(PY) -m release.policy_train
 
 $(VENV)/.installed: pyproject.toml
 	@# The scheduler's tests run against a real PostgreSQL server (Debian's package).
@@ -78,26 +78,26 @@ test-quick: install
 
 # docs/config.md from the settings trees (a test fails when it is stale).
 docs: install
-	$(PY) -m tools.config_doc
+	$(PY) -m release.config_doc
 
 # The prompt policy's built data (docs/safety.md#the-prompt-policy): the inflected forms of the
 # lists' words (simplemma; committed), and the learned layer (built at install, above). Each rebuilds
 # the same bytes; a test fails when either is stale.
 policy-forms: install
-	$(PY) -m tools.policy_forms
+	$(PY) -m release.policy_forms
 
 policy-model: $(VENV)/.installed
-	$(PY) -m tools.policy_train
+	$(PY) -m release.policy_train
 
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
 # CPU). On a GPU: make bench BENCH_ARGS="--config configs/flux-schnell.toml --random-weights --sweep"
 BENCH_ARGS ?= --config configs/tiny.toml
 bench: install models/tiny-flux/model_index.json
-	$(PY) -m worker bench $(BENCH_ARGS) --out $(BENCH_OUT)
+	$(PY) -m bench worker $(BENCH_ARGS) --out $(BENCH_OUT)
 
 # The full worker on mixed sizes (256x256, 384x256, 512x512), 1 rank against 2, with each rank's share.
 bench-mixed: install models/tiny-flux/model_index.json
-	$(PY) -m worker bench --mixed --images 240 --out $(BENCH_OUT)/mixed
+	$(PY) -m bench worker --mixed --images 240 --out $(BENCH_OUT)/mixed
 
 models/tiny-flux/model_index.json:
 	$(PY) -m worker make-tiny-model models/tiny-flux
@@ -108,38 +108,38 @@ models/tiny-pixart/model_index.json:
 # The prompt check's recall per category and false refusals on the labelled set (POLICY_EVAL_ARGS:
 # `--set FILE` for another set, `--misses`), then the milliseconds each check adds per prompt / image.
 bench-safety: install
-	$(PY) -m tools.policy_eval --by-language --out $(BENCH_OUT)/policy.json $(POLICY_EVAL_ARGS)
-	$(PY) -m tools.safety_bench --out $(BENCH_OUT)/safety.json
+	$(PY) -m bench policy --by-language --out $(BENCH_OUT)/policy.json $(POLICY_EVAL_ARGS)
+	$(PY) -m bench safety --out $(BENCH_OUT)/safety.json
 
 # The scheduler under 500 simulated workers: SQLite, PostgreSQL with 1 and 2 scheduler processes.
 bench-scheduler: install
-	$(PY) -m tools.scheduler_bench --out $(BENCH_OUT)/scheduler.json
+	$(PY) -m bench scheduler --out $(BENCH_OUT)/scheduler.json
 
 # The queue under an open-loop fleet: clients submitting one task per call at 90% of what 500
 # simulated GPUs make (0.6 s a task), 1-GPU workers and 8-GPU nodes, each store, durable settings;
 # a trivial in-memory server shows what the load generator itself can drive; then 2x overload.
 bench-fleet: install
-	$(PY) -m tools.fleet_bench --out $(BENCH_OUT)/fleet.json $(FLEET_ARGS)
+	$(PY) -m bench fleet --out $(BENCH_OUT)/fleet.json $(FLEET_ARGS)
 
 # The scheduler's CPU per call (submit, lease, reports, heartbeat), one call at a time; CALLS_ARGS
 # "--against-tree ../other-checkout" or "--against-set api.hot_path=false" measures a second side by side.
 bench-calls: install
-	$(PY) -m tools.call_cost --out $(BENCH_OUT)/calls.json $(CALLS_ARGS)
+	$(PY) -m bench calls --out $(BENCH_OUT)/calls.json $(CALLS_ARGS)
 
 # Several models on one fleet: affinity routing against plain FIFO, on one seeded schedule
-# (tools/models_bench.py; MODELS_ARGS="--seconds 120" for a longer run).
+# (bench/models.py; MODELS_ARGS="--seconds 120" for a longer run).
 bench-models: install
-	$(PY) -m tools.models_bench --out $(BENCH_OUT)/models.json $(MODELS_ARGS)
+	$(PY) -m bench models --out $(BENCH_OUT)/models.json $(MODELS_ARGS)
 
 # What rank 0's post stage (image check, encode, store) carries per core, on photographs at
 # 1360x768 and 1024x1024, and what each output format and setting costs to encode.
 bench-post: install
-	$(PY) -m tools.post_bench --out $(BENCH_OUT)/post.json
+	$(PY) -m bench post --out $(BENCH_OUT)/post.json
 
 # What the worker adds to one request on an idle worker (tiny model, 1360x768, the default format):
 # submit with `Prefer: wait` -> response, minus the generate stage, with each part's share.
 bench-latency: install models/tiny-flux/model_index.json
-	$(PY) -m tools.latency_bench --out $(BENCH_OUT)/latency.json $(LATENCY_ARGS)
+	$(PY) -m bench latency --out $(BENCH_OUT)/latency.json $(LATENCY_ARGS)
 
 # Every wheel the worker and its extras need beyond the node's torch, for an offline node (docs/deploy.md):
 #   make wheelhouse WHEELHOUSE_ARGS="--python-version 3.12 --torch 2.11.0 --have node-freeze.txt"
@@ -147,7 +147,7 @@ bench-latency: install models/tiny-flux/model_index.json
 WHEELHOUSE ?= wheelhouse
 WHEELHOUSE_ARGS ?=
 wheelhouse: install
-	$(PY) -m tools.wheelhouse --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
+	$(PY) -m release.wheelhouse --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
 # --api-results-roots: the status page may show thumbnails of what `make node` stores (configs/tiny.toml).
 # SCHEDULER_ARGS: more settings, e.g. SCHEDULER_ARGS="--config configs/scheduler-tiny-models.toml".

@@ -19,7 +19,9 @@ from urllib.parse import urlparse
 
 from PIL import Image
 
-from launch.local import Client, free_port, start_scheduler, start_worker
+from client.api import Client
+from launch.local import free_port, start_scheduler, start_worker, wait_until
+from protocol import FINAL_STATUSES, TaskView
 
 PROMPTS = [
     ("a lighthouse on a cliff at dawn", 256, 256),
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     here = Path.cwd()
     model, out = args.model.resolve(), args.out.resolve()
     if not (model / "model_index.json").exists():
-        from tools.tiny_model import make_tiny_model
+        from launch.tiny_model import make_tiny_model
 
         print(f"building the tiny random-weight model in {model}")
         make_tiny_model(model)
@@ -60,14 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     worker = None
     try:
         client = Client(url)
-        tasks = [client.submit({"prompt": text, "width": w, "height": h, "seed": i})
-                 for i, (text, w, h) in enumerate(PROMPTS)]
+        tasks = [client.submit(text, width=w, height=h, seed=i) for i, (text, w, h) in enumerate(PROMPTS)]
         print(f"submitted {len(tasks)} tasks; starting a {args.nproc}-rank worker under torchrun")
         worker = start_worker(args.config.resolve(), args.nproc, out / "worker.log",
                               overrides=[f"queue.url={url}", f"storage.local.root={images}",
                                          f"model.source={model}", "ops.host=127.0.0.1", "ops.port=0"], cwd=here)
         t0 = time.monotonic()
-        done = client.wait([t["id"] for t in tasks], args.timeout, proc=worker)
+        done = _ended(client, [t.id for t in tasks], args.timeout, worker)
         print(f"all tasks finished in {time.monotonic() - t0:.1f}s after the worker started")
         for line in worker.messages().splitlines():  # which checks ran, as the worker chose them
             if "safety checks:" in line or "safety.text.backend = auto" in line:
@@ -82,30 +83,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _print_table(done: dict[str, dict], here: Path) -> bool:
+def _ended(client: Client, ids: list[str], timeout: float, worker) -> dict[str, TaskView]:
+    """Every task once it has ended, asked one at a time (the first not yet ended); the worker's
+    exit ends the wait at once, with its log's last lines."""
+    ended: dict[str, TaskView] = {}
+
+    def all_ended() -> bool:
+        for task_id in ids:
+            if task_id not in ended:
+                if (t := client.get(task_id)).status not in FINAL_STATUSES:
+                    return False
+                ended[task_id] = t
+        return True
+
+    wait_until(all_ended, timeout, f"{len(ids)} task(s)", worker, every_s=0.2)
+    return {task_id: ended[task_id] for task_id in ids}
+
+
+def _print_table(done: dict[str, TaskView], here: Path) -> bool:
     ok = True
     # waited: submit to start of generation (includes the worker's start-up); ran: start to result.
     print(f"{'task':<10} {'status':<10} {'waited s':>8} {'ran s':>6}  {'size':<9} image")
     for task_id, t in done.items():
-        want = (t["input"]["width"], t["input"]["height"])
-        finished = t["finished_at"] or time.time()
-        started = t["started_at"] or finished  # never started: refused before generation
-        waited, ran = started - t["created_at"], finished - started
+        want = (t.input["width"], t.input["height"])
+        finished = t.finished_at or time.time()
+        started = t.started_at or finished  # never started: refused before generation
+        waited, ran = started - t.created_at, finished - started
         where, size = "-", "-"
-        if t["status"] == "succeeded":
-            path = Path(urlparse(t["result"]["uri"]).path)
+        if t.status == "succeeded":
+            path = Path(urlparse(t.result.uri).path)
             with Image.open(path) as img:
                 size = f"{img.width}x{img.height}"
                 ok &= img.size == want and img.format == "JPEG"  # the default output format
             where = str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
         else:
-            where = f"{t['error']['code']}: {t['error']['message']}"
-        refused = t["input"]["prompt"] in EXPECT_REFUSED
+            where = f"{t.error.code}: {t.error.message}"
+        refused = t.input["prompt"] in EXPECT_REFUSED
         if refused:
-            ok &= t["status"] == "failed" and t["error"]["code"] == "unsafe_prompt"
-        elif t["status"] != "succeeded":
+            ok &= t.status == "failed" and t.error.code == "unsafe_prompt"
+        elif t.status != "succeeded":
             ok = False
-        print(f"{task_id[:8]:<10} {t['status']:<10} {waited:8.2f} {ran:6.2f}  {size:<9} {where}")
+        print(f"{task_id[:8]:<10} {t.status:<10} {waited:8.2f} {ran:6.2f}  {size:<9} {where}")
     return ok
 
 

@@ -8,8 +8,6 @@ import logging
 import os
 import sys
 
-from importlib.metadata import entry_points
-
 from scheduler.app import create_app
 from scheduler.config import ConfigError, add_flags, flag_values, load_config, read_secrets
 from telemetry import logs
@@ -33,15 +31,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-PLUGINS = "dit_scheduler.commands"
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # Tools add commands (this repository's: `bench`) as entry points; the scheduler never imports them.
-    plugins = {ep.name: ep for ep in entry_points(group=PLUGINS)}
-    if argv and argv[0] in plugins:
-        return plugins[argv[0]].load()(argv[1:])
     args = parse_args(argv)
     renamed: list[str] = []  # settings and flags under their old names: said once logging is set up
     try:

@@ -35,8 +35,8 @@ def pytest_configure(config):
 # (a file per worker; the Makefile's --no-loadscope-reorder keeps this order, where xdist would put the
 # files with the most tests first), and the many short files fill in around them; started last, one
 # of them could end the run alone.
-LONGEST_FIRST = ("e2e/test_recovery.py", "tools/test_wheelhouse_install.py", "e2e/test_launch.py", "e2e/test_parallel.py",
-                 "e2e/test_gcs.py", "tools/test_bench.py", "scheduler/test_schema_fuzz.py")
+LONGEST_FIRST = ("e2e/test_recovery.py", "release/test_wheelhouse_install.py", "e2e/test_launch.py", "e2e/test_parallel.py",
+                 "e2e/test_gcs.py", "bench/test_bench.py", "scheduler/test_schema_fuzz.py")
 
 
 # Fixtures that start processes or servers: a test that uses one is in the integration tier
@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from tools.tiny_model import make_tiny_model
+    from launch.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-flux")
 
@@ -68,7 +68,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pixart(tmp_path_factory) -> Path:
     """A second DiT family, PixArt-Sigma, tiny and random, saved as from_pretrained reads it."""
-    from tools.tiny_model import make_tiny_model
+    from launch.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-pixart", arch="tiny-pixart")
 
@@ -76,7 +76,7 @@ def tiny_pixart(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def detoxify_dir(tmp_path_factory) -> Path:
     """A tiny random-weight detoxify checkpoint with its HF config and tokenizer, built offline."""
-    from tools.random_safety import make_detoxify_checkpoint
+    from bench.random_safety import make_detoxify_checkpoint
 
     out = tmp_path_factory.mktemp("detoxify")
     make_detoxify_checkpoint(out)
@@ -86,7 +86,7 @@ def detoxify_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def vit_dir(tmp_path_factory) -> Path:
     """A tiny random-weight ViT image classifier (labels normal, nsfw) saved with save_pretrained."""
-    from tools.random_safety import make_vit_classifier
+    from bench.random_safety import make_vit_classifier
 
     return make_vit_classifier(tmp_path_factory.mktemp("vit") / "nsfw-vit")
 
@@ -114,7 +114,7 @@ def make_stack(tmp_path, tiny_model):
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory):
     """A real PostgreSQL server for the session; `postgres.fresh()` makes an empty database."""
-    from launch.local import Postgres
+    from bench.servers import Postgres
 
     pg = Postgres(tmp_path_factory.mktemp("postgres"))
     yield pg

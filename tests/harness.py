@@ -11,16 +11,9 @@ from pathlib import Path
 
 import psutil
 
-from launch.local import (
-    REPO,
-    Client,
-    Proc,
-    free_port,
-    start_gcs_emulator,
-    start_scheduler,
-    start_worker,
-    wait_until,
-)
+from bench.plain_client import PlainClient
+from launch.local import REPO, Proc, free_port, start_scheduler, start_worker, wait_until
+from bench.servers import start_gcs_emulator
 
 TINY_CONFIG = REPO / "configs" / "tiny.toml"
 
@@ -53,7 +46,7 @@ class Stack:
         self.images = tmp / "images"
         self.workers: list[Proc] = []
         self.scheduler = self.start_scheduler()
-        self.client = Client(self.url)
+        self.client = PlainClient(self.url)
 
     def start_scheduler(self) -> Proc:
         return start_scheduler(self.tmp / "scheduler.db", self.port, self.tmp / "scheduler.log",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.config_doc import OUT, render
+from release.config_doc import OUT, render
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -68,7 +68,7 @@ def test_config_page_is_what_the_settings_trees_say():
     assert OUT.read_text() == render(), "docs/config.md is stale: run `make docs`"
 
 
-SPOKEN_OF = ["README.md", "docs", "worker", "scheduler", "safety", "client", "protocol", "launch", "tools", "configs",
+SPOKEN_OF = ["README.md", "docs", "worker", "scheduler", "safety", "client", "protocol", "launch", "bench", "release", "configs",
              "tests"]
 
 

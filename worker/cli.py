@@ -4,8 +4,8 @@
     dit-worker check --config configs/tiny.toml [--set ...]   the start errors no restart can cure (exit 2)
     dit-worker detoxify-offline SRC.ckpt HF_DIR DST.ckpt   make a released detoxify checkpoint load offline
 
-Tools register more commands as entry points in the `dit_worker.commands` group, so the worker never
-imports them (this repository's tools: `bench`, `make-tiny-model`; see `dit-worker --help`).
+Other packages register more commands as entry points in the `dit_worker.commands` group, so the
+worker never imports them (this repository's: launch's `make-tiny-model`; see `dit-worker --help`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv.insert(0, "serve")  # `python -m worker --config X` is the serve command
     plugins = {ep.name: ep for ep in entry_points(group=PLUGINS)}
-    if argv[0] in plugins:  # a tool's command: it parses its own arguments and logs its own way
+    if argv[0] in plugins:  # a plug-in command: it parses its own arguments and logs its own way
         return plugins[argv[0]].load()(argv[1:])
     p = argparse.ArgumentParser(prog="dit-worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=f"tool commands installed: {', '.join(sorted(plugins)) or 'none'}")
+                                epilog=f"plug-in commands installed: {', '.join(sorted(plugins)) or 'none'}")
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one rank of the worker")
     serve.add_argument("--config", required=True, help="TOML file, e.g. configs/flux-schnell.toml")

@@ -8,7 +8,7 @@ probability counts in the policy is the engine's (PromptPolicy._learn).
 
 The weights (safety/policy/lists/learned.safetensors) and their card (learned.json: classes,
 thresholds, feature settings, the policy digest it was built for) are built at install by `make
-policy-model` (tools/policy_train.py) from the labelled prompts in safety/policy/training/, the same
+policy-model` (release/policy_train.py) from the labelled prompts in safety/policy/training/, the same
 bytes each time; they are not kept in git. A layer built for other lists or prompts stops start-up.
 Scoring takes numpy and zlib: about 0.1-0.3 ms a prompt.
 """

@@ -18,7 +18,7 @@ def solid_model(tmp_path_factory):
     as a corrupted device context draws them."""
     import torch
 
-    from tools.tiny_model import build_tiny_pipeline
+    from launch.tiny_model import build_tiny_pipeline
 
     pipe = build_tiny_pipeline()
     with torch.no_grad():

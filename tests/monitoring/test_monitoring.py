@@ -21,7 +21,7 @@ from protocol import DeviceInfo, ErrorCode
 from scheduler.metrics import SchedulerMetrics
 from scheduler.store import SQLiteStore
 from tests.worker.serving.test_metrics import FakeNvml
-from tools import grafana_dashboard
+from release import grafana_dashboard
 from worker.serving.ledger import Ledger
 from worker.serving.metrics import Metrics
 from worker.serving.state import WorkerState
@@ -46,7 +46,7 @@ def test_promtool_accepts_the_rules_and_the_config_and_the_rules_fire_as_their_t
 
 
 def test_the_dashboard_is_its_generators_output():
-    assert DASHBOARD.read_text() == grafana_dashboard.render(), "run python -m tools.grafana_dashboard"
+    assert DASHBOARD.read_text() == grafana_dashboard.render(), "run python -m release.grafana_dashboard"
     panels = json.loads(DASHBOARD.read_text())["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
 

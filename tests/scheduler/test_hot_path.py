@@ -9,7 +9,7 @@ import fastapi.routing
 import pytest
 
 from tests.scheduler.hot_answers import both, client
-from tools.fleet_bench import REG
+from bench.fleet import REG
 
 TASK = {"input": {"prompt": "a lighthouse at dusk"}}
 

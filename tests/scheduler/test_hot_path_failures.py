@@ -10,7 +10,7 @@ import asyncio
 from scheduler.api.hot import _read, _replay
 from scheduler.config import GateConfig, Secrets
 from tests.scheduler.hot_answers import both
-from tools.fleet_bench import REG
+from bench.fleet import REG
 
 TASK = {"input": {"prompt": "a lighthouse at dusk"}}
 HEARTBEAT = {"status": "ready", "in_flight": [], "timestamp": 0.0}

@@ -1,5 +1,5 @@
-"""The policy's built data: the inflected forms (tools/policy_forms.py, committed with the lists)
-and the learned layer (tools/policy_train.py, built at install). The forms are rebuilt here and must
+"""The policy's built data: the inflected forms (release/policy_forms.py, committed with the lists)
+and the learned layer (release/policy_train.py, built at install). The forms are rebuilt here and must
 equal what is there; the learned layer's card must name the prompts, lists and code of the checkout,
 and a build must give the same bytes in any process. It never saw a prompt of the measured sets."""
 
@@ -20,7 +20,7 @@ from safety.policy.prompt_policy import PromptPolicy
 from safety.policy.learned import CARD, WEIGHTS, LearnedLayer
 from safety.verdicts import SafetyLoadError
 from launch.local import REPO
-from tools import policy_forms, policy_train
+from release import policy_forms, policy_train
 
 SHIPPED = lists.shipped_dir()
 MEASURED = Path(__file__).resolve().parents[1] / "data"
@@ -68,7 +68,7 @@ def test_a_build_gives_the_same_bytes_in_another_process(tmp_path):
     here, there = tmp_path / "here", tmp_path / "there"
     here.mkdir(), there.mkdir()
     policy_train.build(here, folder=sample)
-    subprocess.run([sys.executable, "-m", "tools.policy_train", "--out", str(there), "--training", str(sample)],
+    subprocess.run([sys.executable, "-m", "release.policy_train", "--out", str(there), "--training", str(sample)],
                    cwd=REPO, check=True, capture_output=True, timeout=300,
                    env={**os.environ, "PYTHONHASHSEED": "12345"})
     for name in (CARD, WEIGHTS):

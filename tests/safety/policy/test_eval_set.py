@@ -12,7 +12,7 @@ import pytest
 
 from safety.config import PolicyConfig
 from safety.policy.prompt_policy import PromptPolicy
-from tools.policy_eval import DEFAULT_SET, UNSAFE, evaluate, load_set
+from bench.policy import DEFAULT_SET, UNSAFE, evaluate, load_set
 
 ROWS = load_set(DEFAULT_SET)
 SETS = sorted(DEFAULT_SET.parent.glob("*.jsonl"))

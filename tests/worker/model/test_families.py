@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tools.tiny_model import make_tiny_model
+from launch.tiny_model import make_tiny_model
 from worker.config import ModelConfig, SpeedConfig
 from worker.model.engine import Engine
 from worker.model.job import Job

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One lent GPU session's benchmarks, each run under its own time limit so that a call to the
+# device never outlives its 10 minutes, with what finished copied to $OUT as it ends.
+#
+# Here, first: the wheels the GPU image lacks (shared/GPU-NOTES.md), into .whl/ (ignored):
+#   .venv/bin/python -m release.wheelhouse --out .whl --python-version 3.12 --torch 2.11.0 \
+#       --extras fp8,tools --have HAVE.txt && rm .whl/dit_worker-*.whl
+# (HAVE.txt: the image's package list, one name per line.) Then one device call per group, e.g.
+#   bash bench/remote/gpu_session.sh "main 240 --phases optimised --profile" "fp8 400 --phases optimised --set speed.fp8=true"
+# with .whl carried. Each argument is NAME LIMIT_S BENCH_ARGS...; the bench runs the full-size
+# FLUX.1-schnell architecture with random weights at --size (default 1360x768), 16 images, one
+# compile cache for every run of the machine (it survives between calls while the machine is warm).
+set -u
+OUT=${OUT:-var/gpu-session}; mkdir -p "$OUT"
+. "$(dirname "$0")/device_env.sh"
+# Not CC: images export CC for the C compiler (Triton builds with it), and a shell assignment to an
+# exported name changes it for every child.
+BENCH_DIR=/root/bench; CACHE_DIR=/root/compile-cache; mkdir -p "$BENCH_DIR" "$CACHE_DIR"
+LOG=$OUT/log.txt
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv,noheader | tee -a "$LOG"
+python3 -c "import torch, diffusers, transformers; print('torch', torch.__version__, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)" | tee -a "$LOG"
+for run in "$@"; do
+  read -r name limit args <<<"$run"
+  echo "== $(date -u +%T) $name (limit ${limit}s): $args" | tee -a "$LOG"
+  # shellcheck disable=SC2086
+  timeout -k 10 "$limit" python3 -m bench worker --config configs/flux-schnell.toml --random-weights --images 16 \
+    --size 1360x768 --set speed.compile_cache_dir="$CACHE_DIR" --out "$BENCH_DIR/$name" $args 2>&1 \
+    | grep -v "Warning\|warn(" >> "$LOG"
+  echo "== $(date -u +%T) $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
+  cp "$BENCH_DIR/$name/bench.json" "$OUT/$name.json" 2>/dev/null
+done

@@ -1,0 +1,209 @@
+"""Trains the policy's learned layer from the project's labelled prompts: `make policy-model`.
+
+Reads safety/policy/training/*.jsonl (the same JSON lines as the evaluation sets: cat, lang, tags,
+prompt), reads each prompt as the lists do (safety.policy.normalize), hashes its features
+(safety.policy.learned.Features) and fits a multinomial logistic regression (scikit-learn, lbfgs).
+Each category's threshold is chosen on out-of-fold probabilities (5 folds, fixed split): the
+lowest that keeps the benign prompts of the training data refused at most `--max-false` of the
+time (one in a hundred, by default); and a lower one for "sexual" beside a minor, the lowest that no benign
+training prompt naming a minor reaches. Writes learned.safetensors (weights of the features seen,
+float16) and learned.json (the card, with the policy digest it was built for) next to the lists,
+where `make install` builds them. The same data and settings give the same bytes.
+
+Never give it the sets the policy is measured on (tests/safety/data/, held-out sets): the card
+records the digest of what it was trained on, and the tests check that no measured prompt is in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from safety.policy import lists
+from safety.policy.learned import CARD, WEIGHTS, Features
+from safety.policy.normalize import native, split, to_ascii
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINING = REPO / "safety" / "policy" / "training"
+# The code that shapes the bytes (the Makefile rebuilds when one changes; the card records their
+# digest, and the tests compare it with the checkout's). The lists and forms are in the policy digest.
+SOURCES = ("release/policy_train.py", "safety/policy/learned.py", "safety/policy/normalize.py",
+           "safety/policy/prompt_policy.py", "safety/policy/lists.py")
+CLASSES = ["benign", "sexual_minors", "sexual", "violence", "hate", "self_harm"]
+C = 4.0  # inverse regularisation strength
+# Benign prompts weigh twice an unsafe one in the fit: with three unsafe prompts to each benign
+# one, style words ("aesthetic", "lofi") would otherwise lean to whichever category used them.
+BENIGN_WEIGHT = 2.0
+MAX_FALSE = 0.01  # the share of benign training prompts a threshold may refuse, out of fold
+# Where a category's threshold starts. Hate's false refusals out of fold are few, but on the
+# regression sets' benign prompts (heldout-1, heldout-2: a dog "dying of laughter", a pet rat) the
+# learned hate refused 5 in 110 at 0.5 and 2 at 0.6: chosen there, never on a set measured first.
+FLOOR = {"hate": 0.6}
+
+
+def read(folder: Path = TRAINING) -> list[dict]:
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                d = json.loads(line)
+                if d["cat"] not in CLASSES:
+                    raise ValueError(f"{path}:{n}: cat {d['cat']!r} is not one of {CLASSES}")
+                rows.append(d)
+    return rows
+
+
+def data_digest(folder: Path = TRAINING) -> str:
+    h = hashlib.sha256()
+    for path in sorted(folder.glob("*.jsonl")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def code_digest() -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update(name.encode() + b"\0" + (REPO / name).read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def words_of(prompt: str, leet: dict[str, str]) -> list[str]:
+    return split(to_ascii(native(prompt), prepared=True), leet).words
+
+
+def matrix(rows: list[dict], features: Features, leet: dict[str, str]):
+    from scipy.sparse import csr_matrix
+
+    indptr, indices = [0], []
+    for r in rows:
+        ids = features.ids(words_of(r["prompt"], leet))
+        indices.extend(ids.tolist())
+        indptr.append(len(indices))
+    data = np.concatenate([np.full(indptr[i + 1] - indptr[i], 1 / np.sqrt(max(indptr[i + 1] - indptr[i], 1)))
+                           for i in range(len(rows))]) if indices else np.zeros(0)
+    return csr_matrix((data, np.array(indices, dtype=np.int64), np.array(indptr)), shape=(len(rows), 1 << features.bits))
+
+
+def fit(x, y):
+    """One BLAS thread, wherever it runs: the sums then add up in the same order, and the weights
+    are the same bytes on any machine and in any worker process."""
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+
+    weights = {i: BENIGN_WEIGHT if c == "benign" else 1.0 for i, c in enumerate(CLASSES)}
+    with threadpool_limits(1):
+        return LogisticRegression(C=C, max_iter=500, tol=1e-4, solver="lbfgs", class_weight=weights).fit(x, y)
+
+
+def folds_of(y: np.ndarray) -> np.ndarray:
+    """Each prompt's fold (0-4), fixed by its place in the data."""
+    return np.arange(len(y)) % 5
+
+
+def fit_all(x, y, jobs: int | None = None):
+    """The model on every prompt, and the five out-of-fold ones `thresholds` judges with: six fits,
+    as many at once as there are cores (each is the same alone or beside the others)."""
+    from joblib import Parallel, delayed
+
+    folds = folds_of(y)
+    parts = [(x, y)] + [(x[folds != k], y[folds != k]) for k in range(5)]
+    models = Parallel(n_jobs=jobs or min(len(parts), os.cpu_count() or 1))(delayed(fit)(a, b) for a, b in parts)
+    return models[0], models[1:]
+
+
+def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
+               groups: np.ndarray) -> dict[str, float]:
+    """Per category, the lowest threshold (on a 0.05 grid from 0.5, or the category's FLOOR) at
+    which at most `max_false` of the benign training prompts reach it, judged out of fold;
+    `sexual_with_minor`, the lowest (from 0.2) that no benign prompt naming a minor (by the lists)
+    reaches in "sexual"; and `hate_with_group`, the lowest that no benign prompt naming a group
+    reaches in "hate"."""
+    present = np.unique(y)
+    folds = folds_of(y)
+    probs = np.zeros((len(y), len(present)))
+    for k, model in enumerate(fold_models):
+        probs[folds == k] = model.predict_proba(x[folds == k])
+    benign = y == 0
+    out = {}
+    for col, c in enumerate(present):
+        if c == 0:
+            continue
+        for t in np.arange(FLOOR.get(CLASSES[c], 0.5), 0.951, 0.05):
+            if (probs[benign, col] >= t).mean() <= max_false:
+                out[CLASSES[c]] = round(float(t), 2)
+                break
+        else:
+            out[CLASSES[c]] = 0.95
+    col = list(present).index(CLASSES.index("sexual"))
+    worst = probs[benign & minors, col].max(initial=0.0)
+    out["sexual_with_minor"] = _above(worst, 0.2)
+    # A people named (Muslim, Jewish, Roma) is where the model mistakes a mention for an attack:
+    # there "hate" counts from the lowest threshold that no benign prompt naming one reaches.
+    col = list(present).index(CLASSES.index("hate"))
+    worst = probs[benign & groups, col].max(initial=0.0)
+    out["hate_with_group"] = _above(worst, out["hate"])
+    return out
+
+
+def _above(worst: float, start: float) -> float:
+    """The lowest threshold on the 0.05 grid from `start` that `worst` stays under; 1.0 (never
+    reached) when even 0.95 is not enough."""
+    return round(float(min((t for t in np.arange(start, 0.951, 0.05) if t > worst), default=1.0)), 2)
+
+
+def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING) -> dict:
+    from safetensors.numpy import save_file
+
+    rows = read(folder)
+    leet = lists.load(("en",)).leet
+    features = Features()
+    x = matrix(rows, features, leet)
+    y = np.array([CLASSES.index(r["cat"]) for r in rows])
+    model, fold_models = fit_all(x, y)
+    from safety.config import PolicyConfig
+    from safety.policy.prompt_policy import PromptPolicy
+
+    lists_only = PromptPolicy.load(PolicyConfig(learned=False))
+    found = [lists_only.find(r["prompt"]).kinds for r in rows]
+    minors = np.array([bool(f.get("sexual_minors", {}).get("minors")) for f in found])
+    groups = np.array([bool(f.get("hate", {}).get("groups")) for f in found])
+    w = model.coef_.T  # features x classes
+    seen = np.unique(x.indices)
+    save_file({"index": seen.astype(np.int32), "weight": w[seen].astype(np.float16),
+               "bias": model.intercept_.astype(np.float32)}, str(out_dir / WEIGHTS))
+    card = {
+        "version": data_digest(folder)[7:15],
+        "policy_digest": lists.load(("en",)).digest,  # the manifest's: lists, forms and these prompts
+        "classes": [CLASSES[i] for i in model.classes_],
+        "thresholds": thresholds(x, y, fold_models, max_false, minors, groups),
+        "features": {"bits": features.bits, "char_min": features.char_min, "char_max": features.char_max},
+        "built_by": code_digest(),
+        "trained_on": {"digest": data_digest(folder), "prompts": len(rows),
+                       "by_class": {c: int((y == i).sum()) for i, c in enumerate(CLASSES)},
+                       "languages": sorted({r["lang"] for r in rows})},
+        "settings": {"C": C, "benign_weight": BENIGN_WEIGHT, "max_false": max_false, "floor": FLOOR,
+                     "solver": "lbfgs"},
+    }
+    (out_dir / CARD).write_text(json.dumps(card, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return card
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-false", type=float, default=MAX_FALSE, help="the share of benign training prompts a "
+                   "threshold may refuse, out of fold")
+    p.add_argument("--out", default=str(lists.shipped_dir()))
+    p.add_argument("--training", default=str(TRAINING), help="the folder of labelled prompts (*.jsonl)")
+    args = p.parse_args(argv)
+    card = build(Path(args.out), args.max_false, Path(args.training))
+    print(json.dumps({k: card[k] for k in ("thresholds", "trained_on")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,1 +1,0 @@
-"""`dit-worker bench` (`make bench`): a plain diffusers loop vs the optimised engine vs the full worker."""
