@@ -1,6 +1,7 @@
-"""End to end with the real scheduler and a 2-rank worker: `dit submit --wait -o x.png` returns a PNG
-(the format the name says) of the requested size in one command, `Prefer: wait` returns a succeeded task in one call, and `dit download ID`
-fetches a finished task's image later."""
+"""End to end with the real scheduler and a worker (one rank: the subject is the client):
+`dit submit --wait -o x.png` returns a PNG (the format the name says) of the requested size in one
+command, `Prefer: wait` returns a succeeded task in one call, and `dit download ID` fetches a
+finished task's image later."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ DIT = str(Path(sys.executable).with_name("dit"))
 
 
 def test_dit_submit_wait_downloads_the_image_and_prefer_wait_answers_in_one_call(stack, tmp_path):
-    stack.proc = stack.worker(nproc=2)
+    stack.proc = stack.worker(nproc=1)
     ready_worker(stack, stack.proc)
     out = tmp_path / "x.png"
     run = subprocess.run([DIT, "--url", stack.url, "submit", "a lighthouse at dawn", "--size", "384x256",

@@ -1,5 +1,6 @@
-"""Results to GCS end to end: the real scheduler, a 2-rank torchrun worker, and a real GCS emulator
-(fake-gcs-server on 127.0.0.1) read back with the official google-cloud-storage client."""
+"""Results to GCS end to end: the real scheduler, a torchrun worker (one rank: storing is rank 0's),
+and a real GCS emulator (fake-gcs-server on 127.0.0.1) read back with the official
+google-cloud-storage client."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def gcs_stack(tmp_path_factory, tiny_model):
     emu.bucket(BUCKET)
     stack = Stack(tmp, tiny_model, max_attempts=5)
     stack.emulator = emu
-    stack.proc = stack.worker(nproc=2, env={"STORAGE_EMULATOR_HOST": emu.url}, overrides=[
+    stack.proc = stack.worker(nproc=1, env={"STORAGE_EMULATOR_HOST": emu.url}, overrides=[
         "storage.kind=gcs", f"storage.gcs.bucket={BUCKET}", "storage.gcs.deadline_s=3.0",
         "storage.gcs.backoff_max_s=1.0", "storage.gcs.timeout_s=2.0", "storage.gcs.include_prompt=true"])
     yield stack

@@ -33,7 +33,9 @@ def test_node_sh_serves_then_a_sigterm_drain_exits_0(make_stack):
     assert "node.sh: draining" in out and "follower stopped: drained" in out
     assert "Traceback" not in out and "SignalException" not in out
     assert "OMP_NUM_THREADS" not in out  # set by node.sh, so torchrun has nothing to warn about
-    assert stack.registered()[0]["status"] == "drained"  # said so as it left: not "lost" later
+    # It said so before exiting: shown drained, not draining, and never lost once its beats stop.
+    [worker] = stack.registered()
+    assert worker["status"] == "drained" and f"told the scheduler that worker {worker['id']} drained" in out
 
 
 def test_a_bf16_model_on_device_auto_without_cuda_is_refused_at_start(tmp_path):

@@ -1,5 +1,5 @@
 """The scheduler's status page in headless Chromium (Debian's package, driven by Playwright) during
-a run with a 2-rank worker: a worker, the queue depth, thumbnails, failures, a refresh in place, and
+a run with a one-rank worker: a worker, the queue depth, thumbnails, failures, a refresh in place, and
 not one console error or failed request.
 
     DIT_SCREENSHOT=var/status.png pytest tests/e2e/test_status_page.py   # keeps the screenshot there
@@ -43,7 +43,7 @@ def test_the_status_page_shows_workers_queue_thumbnails_and_failures(tmp_path, t
         queued_ids = [stack.client.submit({"prompt": f"a lighthouse, study {i}", "width": 256, "height": 256},
                                           priority=i % 2)["id"] for i in range(3)]
         queued_ids.append(stack.client.submit({"prompt": "x", "width": 100})["id"])  # fails: invalid_request
-        stack.proc = stack.worker(nproc=2)
+        stack.proc = stack.worker(nproc=1)
         ready_worker(stack, stack.proc)
         stack.client.wait(queued_ids, 120, proc=stack.proc)
         # Work waiting while the page is open: the worker is frozen (SIGSTOP, every process of it),
@@ -64,7 +64,7 @@ def test_the_status_page_shows_workers_queue_thumbnails_and_failures(tmp_path, t
 
         assert page.locator("#workers tr.worker").count() == 1
         row = page.locator("#workers tr.worker").first.inner_text()
-        assert "ready" in row and "2 \u00d7 cpu" in row
+        assert "ready" in row and "1 \u00d7 cpu" in row
         assert page.locator("#queued b").inner_text() == str(depth)
         assert "priority 5" in page.locator("section.tiles").inner_text()
         thumbs = page.locator("#results img")
