@@ -22,7 +22,7 @@ from safety.verdicts import SafetyLoadError
 # The kinds of entry a category section may hold, and what they add to its score.
 SCORING = ("strong", "contextual", "weak")
 SETS = ("minors", "groups", "attacks", "praise", "body", "injury")  # the sets `combine` rules read
-KINDS = SCORING + SETS + ("benign_context", "ages", "numbers")
+KINDS = SCORING + SETS + ("benign_context", "ages", "durations", "numbers")
 MANIFEST = "policy.toml"
 FORMS = "forms"  # forms/<code>.json: inflected form -> lemma, built by `make policy-forms`
 _DIGEST_LINE = re.compile(r"^digest\s*=.*$", re.MULTILINE)
@@ -58,6 +58,9 @@ class Lexicon:
     leet: dict[str, str]
     entries: list[Entry] = field(default_factory=list)
     ages: list[re.Pattern] = field(default_factory=list)
+    # Spans of time written like an age ("ten years later", "il y a 10 ans"): a number read by one of
+    # these is a duration, not an age, whatever age pattern also reads it.
+    durations: list[re.Pattern] = field(default_factory=list)
     # Spelled-out numbers, read as digits before the age patterns: "twelve year old", "十二岁".
     numbers: dict[tuple[str, ...], int] = field(default_factory=dict)
     languages: tuple[str, ...] = ()
@@ -152,8 +155,8 @@ def _add(lex: Lexicon, data: dict, where: str, lang: str | None = None) -> None:
             # A new category comes with its manifest entry: a list alone would refuse nothing.
             raise SafetyLoadError(f"{where}: [{section}]: no such category (known: {', '.join(lex.categories)})")
         for kind in body:
-            if kind == "ages":
-                lex.ages.extend(_age_pattern(p, f"{where}: {section}.ages") for p in _strings(body, kind, where, section))
+            if kind in ("ages", "durations"):
+                getattr(lex, kind).extend(_age_pattern(p, f"{where}: {section}.{kind}") for p in _strings(body, kind, where, section))
             elif kind == "numbers":
                 _numbers(lex, body[kind], f"{where}: {section}.numbers")
             elif kind in KINDS:

@@ -118,6 +118,7 @@ class PromptPolicy:
                          if cfg.learned else None)
         self._thresholds = _thresholds(lexicon, cfg)
         self._ages = regex.compile("|".join(f"(?:{p.pattern})" for p in lexicon.ages) or r"(?!)")
+        self._durations = regex.compile("|".join(f"(?:{p.pattern})" for p in lexicon.durations) or r"(?!)")
         self._number_starts = {k[0] for k in lexicon.numbers}
         self._number_longest = max(map(len, lexicon.numbers), default=0)
 
@@ -278,7 +279,13 @@ class PromptPolicy:
         if not _DIGIT.search(plain):  # every age pattern has its number in digits
             return False
         # One pass for every pattern, overlapping matches included: each has its one number group.
-        return any(int(m.group(m.lastindex)) < MINOR_AGE for m in self._ages.finditer(plain, overlapped=True))
+        young = [m.span(m.lastindex) for m in self._ages.finditer(plain, overlapped=True)
+                 if int(m.group(m.lastindex)) < MINOR_AGE]
+        if not young:
+            return False
+        # "ten years later": the number a duration reads is no one's age.
+        spans = {m.span(m.lastindex) for m in self._durations.finditer(plain, overlapped=True)}
+        return any(span not in spans for span in young)
 
 
 def _thresholds(lexicon: Lexicon, cfg: PolicyConfig) -> dict[str, float]:

@@ -44,6 +44,7 @@ def test_no_language_at_all_is_a_config_error():
     ("[weapons]\nstrong = ['rifle']\n", r"\[weapons\]: no such category"),
     ("[sexual]\nstrong = ['***']\n", r"sexual.strong: entry #1 normalises to nothing"),
     ("[sexual_minors]\nages = ['year old']\n", r"needs exactly one \{n\}"),
+    ("[sexual_minors]\ndurations = ['{n} years {n} later']\n", r"sexual_minors.durations: .* needs exactly one \{n\}"),
     ("[sexual_minors]\nnumbers = ['twelve']\n", r"sexual_minors.numbers: a table of spelled-out number"),
     ("[sexual_minors.numbers]\ntwelve = 'x'\n", r"sexual_minors.numbers.'twelve': a number written in words"),
     ("[sexual\nstrong = []\n", r"cannot read the policy list"),
