@@ -170,6 +170,13 @@ def adult_allowed() -> PromptPolicy:
     "donna nuda, ritratto, dieci anni dopo",
     "mulher nua, retrato, dez anos depois",
     "naakte vrouw, portret, tien jaar later",
+    "naga kobieta, portret, 10 lat później",
+    "голая женщина, портрет, 10 лет спустя",
+    "гола жінка, портрет, 10 років потому",
+    "امرأة عارية، بعد 10 سنوات",
+    "नग्न महिला, 10 साल बाद",
+    "wanita telanjang, potret, 10 tahun kemudian",
+    "naken kvinna, porträtt, 10 år senare",
 ])
 def test_a_span_of_time_is_no_ones_age(adult_allowed, policy, prompt):
     assert category(adult_allowed, prompt) is None
