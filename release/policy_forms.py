@@ -40,7 +40,7 @@ def list_words(data: dict) -> set[str]:
         if not isinstance(body, dict):
             continue
         for kind, entries in body.items():
-            if kind == "ages" or not isinstance(entries, list):
+            if kind in ("ages", "durations") or not isinstance(entries, list):  # patterns, not words
                 continue
             for raw in entries:
                 if raw.rstrip().endswith("*"):
