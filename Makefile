@@ -60,7 +60,7 @@ demo: install
 	$(PY) -m launch.demo
 
 # The import contracts (pyproject.toml) first: an architecture violation fails fast, naming the rule.
-# Most tests wait on real processes and servers, so three workers on two cores finish well before one
+# Three workers keep both cores busy while tests wait on the processes they started
 # (a file per worker: a file's fixtures and servers stay together), in the order tests/conftest.py gives
 # them, longest first. TEST_WORKERS=0 runs them serially.
 TEST_WORKERS ?= 3
