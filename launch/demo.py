@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = start_scheduler(out / "scheduler.db", port, out / "scheduler.log",
                                 extra=["--api-results-roots", str(images)], cwd=here)
     worker = None
+    client = Client(url)
     try:
-        client = Client(url)
         tasks = [client.submit(text, width=w, height=h, seed=i) for i, (text, w, h) in enumerate(PROMPTS)]
         print(f"submitted {len(tasks)} tasks; starting a {args.nproc}-rank worker under torchrun")
         worker = start_worker(args.config.resolve(), args.nproc, out / "worker.log",
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         ok = _print_table(done, here)
     finally:
+        client.close()
         if worker is not None:
             worker.stop()
         scheduler.stop()

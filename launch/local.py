@@ -1,4 +1,5 @@
-"""Running the scheduler and a torchrun worker as real local processes: for the demo and the tests.
+"""Running the scheduler and a torchrun worker as real local processes: for the demo, the
+benchmarks and the tests.
 
 A graceful stop signals only the process we started: torchrun forwards SIGTERM to each rank once.
 A kill must reach every descendant, because torchrun starts each rank in a session of its own.

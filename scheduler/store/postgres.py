@@ -28,7 +28,7 @@ from typing import Any
 
 from scheduler.store import migrate
 from scheduler.store.plans import Plan, Step, Write, WriteEach
-from scheduler.store.postgres_loop import CHANNEL, LoopPool
+from scheduler.store.postgres_loop import CHANNEL, GroupCommit, LoopPool
 from scheduler.store.sql import SQLStore
 
 log = logging.getLogger(__name__)
@@ -119,24 +119,24 @@ class PostgresStore(SQLStore):
 
     async def _aintake(self, plan: Plan) -> Any:
         """A submit's INSERT with the others waiting; a step after it (a taken idempotency key's read) alone."""
-        return await self._grouped("intake", plan)
+        return await self._grouped(self._hot.intake, plan)
 
     async def _areports(self, plan: Plan) -> Any:
-        return await self._grouped("reports", plan)
+        return await self._grouped(self._hot.reports, plan)
 
     async def _aclaims(self, plan: Plan) -> Any:
         """A claim's UPDATE with the others waiting: in one transaction, each sees the rows the
         earlier ones leased as leased, and SKIP LOCKED keeps batches in flight off each other's."""
-        return await self._grouped("claims", plan)
+        return await self._grouped(self._hot.claims, plan)
 
-    async def _grouped(self, kind: str, plan: Plan) -> Any:
-        """The plan's first step, a write, group-committed by the `kind` batcher; the steps after it on their own."""
-        if not self._hot.opened:
+    async def _grouped(self, batcher: GroupCommit | None, plan: Plan) -> Any:
+        """The plan's first step, a write, group-committed by `batcher`; the steps after it on their own."""
+        if not self._hot.opened or batcher is None:
             return await self._arun(plan)
         try:
             step = next(plan)
             if isinstance(step, (Write, WriteEach)):
-                step = plan.send(await self._hot.batcher(kind).write(step))
+                step = plan.send(await batcher.write(step))
         except StopIteration as done:
             return done.value
         return await self._arun(plan, step)

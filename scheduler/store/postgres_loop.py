@@ -48,9 +48,6 @@ class LoopPool:
         self.claims = GroupCommit(self.pool, slots=max(1, self.size // 4))
         self.announcer = Announcer(self.pool, self.instance)
 
-    def batcher(self, kind: str) -> GroupCommit:
-        return {"intake": self.intake, "reports": self.reports, "claims": self.claims}[kind]
-
     async def close(self) -> None:
         if self.pool is None:
             return
