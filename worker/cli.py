@@ -11,6 +11,7 @@ worker never imports them (this repository's: launch's `make-tiny-model`; see `d
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from importlib.metadata import entry_points
 
@@ -46,9 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.command == "serve":
-        from worker.main import run
+        # Start-up (torch, diffusers, the policy's lists, the model) makes millions of objects that
+        # live as long as the process; the collector walking them again and again on the way cost
+        # a fifth of a rank's start-up CPU. It stays off until the rank serves (worker/main.py).
+        gc.disable()
+        try:
+            from worker.main import run
 
-        return run(args.config, args.set, args.node_dir)
+            return run(args.config, args.set, args.node_dir)
+        finally:
+            gc.enable()
     if args.command == "check":
         from worker.preflight import check
 

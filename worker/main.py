@@ -5,6 +5,7 @@ Launched once per rank by torchrun:  torchrun --nproc_per_node=N -m worker --con
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import platform
@@ -69,6 +70,7 @@ def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None
         if start != SERVE:
             return _left_before_serving(start, node, ctx)
         resident = lockstep.start_models(cfg, ctx)  # [model], loaded and warmed up on every rank
+        _started()
         distributed.enter_serving(ctx, cfg.distributed)
         if coordinator:
             coordinator.serve(resident)
@@ -90,6 +92,15 @@ def run(config_path: str, overrides: list[str] = (), node_dir: str | None = None
         return 4
     distributed.close(ctx)
     return 0
+
+
+def _started() -> None:
+    """Start-up is over: its garbage collected once, what it left frozen (full collections while
+    serving leave it alone, as the scheduler's do) and the collector, off since the command
+    began (worker/cli.py), on again."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()
 
 
 def _ended(node: NodeDir) -> str | None:

@@ -72,3 +72,24 @@ def test_a_group_started_after_a_fatal_error_or_a_stop_leaves_at_once(tmp_path, 
         (tmp_path / "stop").touch()
     assert run("no-such-config.toml", [], str(tmp_path)) == 0
     assert "not starting:" in capsys.readouterr().err
+
+
+def test_the_collector_is_off_through_start_up_and_on_again_whatever_ends_it(tmp_path, monkeypatch):
+    """Off from the serve command's start; on again when run() returns early (here: a config
+    error), and on again, start-up's objects frozen, once the models are loaded."""
+    import gc
+
+    from worker import cli, main
+
+    seen = []
+    monkeypatch.setattr(main, "run", lambda *a: seen.append(gc.isenabled()) or EXIT_PERMANENT)
+    assert cli.main(["serve", "--config", str(tmp_path / "none.toml")]) == EXIT_PERMANENT
+    assert seen == [False] and gc.isenabled()
+
+    gc.disable()
+    try:
+        main._started()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
