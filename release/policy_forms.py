@@ -10,16 +10,20 @@ entries lemmatised the same way (safety/policy/prompt_policy.py).
 
 Only the forms of the lists' own words are kept (kilobytes, against 1.2 GB and 20 s to load the
 full dictionaries), so the worker needs neither simplemma nor its load time. The files are
-rebuilt from the lists and the pinned simplemma: the same bytes each time;
-tests/safety/policy/test_forms.py fails when they are stale.
+rebuilt from the lists and the pinned simplemma: the same bytes each time. Beside them,
+forms/card.toml records what each was built from (the list's words, simplemma's version, this
+code and normalize.py, and the file's own digest): tests/safety/policy/test_built.py fails when a
+file and its card disagree with the checkout, and rebuilds two languages byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tomllib
+from importlib.metadata import version
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,6 +35,10 @@ from safety.policy.normalize import native, to_ascii, words
 _NATIVE_WORD = regex.compile(r"[\p{L}\p{M}]+")
 MAX_FORMS = 200  # a lemma with more forms than this is a function word or an error: left out
 MIN_LEMMA = 4  # shorter lemmas are function words ("der" for das, dem, des): reading them only confuses
+CARD = "card.toml"  # in forms/; not a .json, so neither the lists' digest nor the loader reads it
+# The code that shapes a forms file's bytes, beside the list and simplemma.
+SOURCES = ("release/policy_forms.py", "safety/policy/normalize.py")
+_REPO = Path(__file__).resolve().parents[1]
 
 
 def list_words(data: dict) -> set[str]:
@@ -85,11 +93,36 @@ def supported() -> set[str]:
     return {p.name.split(".")[0] for p in data.iterdir()}
 
 
+def _sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
+
+
+def built_from(folder: Path, code: str) -> dict[str, str]:
+    """What the forms file of `code` in `folder` is built from, and its own digest, as the card
+    records them."""
+    vocabulary = list_words(tomllib.loads((folder / f"{code}.toml").read_text(encoding="utf-8")))
+    sources = b"".join((_REPO / name).read_bytes() for name in SOURCES)
+    return {"words": _sha("\n".join(sorted(vocabulary)).encode()), "simplemma": version("simplemma"),
+            "code": _sha(sources), "forms": _sha((folder / lists.FORMS / f"{code}.json").read_bytes())}
+
+
+def read_card(folder: Path) -> dict[str, dict[str, str]]:
+    path = folder / lists.FORMS / CARD
+    return tomllib.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _write_card(folder: Path, card: dict[str, dict[str, str]]) -> None:
+    lines = ["# Written by `make policy-forms` (release/policy_forms.py): what each forms file was built from."]
+    for code in sorted(card):
+        lines += ["", f"[{code}]", *(f'{k} = "{v}"' for k, v in sorted(card[code].items()))]
+    (folder / lists.FORMS / CARD).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def build(folder: Path, only: list[str] | None = None) -> dict[str, int]:
-    out_dir = folder / "forms"
+    out_dir = folder / lists.FORMS
     out_dir.mkdir(exist_ok=True)
     have = supported()
-    written = {}
+    written, card = {}, read_card(folder)
     for path in sorted(folder.glob("*.toml")):
         code = path.stem
         if path.name == lists.MANIFEST or code not in have or (only and code not in only):
@@ -97,7 +130,9 @@ def build(folder: Path, only: list[str] | None = None) -> dict[str, int]:
         forms = forms_for(code, list_words(tomllib.loads(path.read_text(encoding="utf-8"))))
         text = json.dumps(forms, ensure_ascii=True, indent=0, sort_keys=True) + "\n"
         (out_dir / f"{code}.json").write_text(text, encoding="utf-8")
+        card[code] = built_from(folder, code)
         written[code] = len(forms)
+    _write_card(folder, card)
     return written
 
 
