@@ -23,12 +23,13 @@ import hashlib
 import json
 import sys
 import tomllib
-from importlib.metadata import version
 from collections import defaultdict
+from importlib.metadata import version
 from pathlib import Path
 
 import regex
 
+from release.policy_train import code_digest
 from safety.policy import lists
 from safety.policy.normalize import native, to_ascii, words
 
@@ -38,7 +39,6 @@ MIN_LEMMA = 4  # shorter lemmas are function words ("der" for das, dem, des): re
 CARD = "card.toml"  # in forms/; not a .json, so neither the lists' digest nor the loader reads it
 # The code that shapes a forms file's bytes, beside the list and simplemma.
 SOURCES = ("release/policy_forms.py", "safety/policy/normalize.py")
-_REPO = Path(__file__).resolve().parents[1]
 
 
 def list_words(data: dict) -> set[str]:
@@ -101,9 +101,8 @@ def built_from(folder: Path, code: str) -> dict[str, str]:
     """What the forms file of `code` in `folder` is built from, and its own digest, as the card
     records them."""
     vocabulary = list_words(tomllib.loads((folder / f"{code}.toml").read_text(encoding="utf-8")))
-    sources = b"".join((_REPO / name).read_bytes() for name in SOURCES)
     return {"words": _sha("\n".join(sorted(vocabulary)).encode()), "simplemma": version("simplemma"),
-            "code": _sha(sources), "forms": _sha((folder / lists.FORMS / f"{code}.json").read_bytes())}
+            "code": code_digest(SOURCES), "forms": _sha((folder / lists.FORMS / f"{code}.json").read_bytes())}
 
 
 def read_card(folder: Path) -> dict[str, dict[str, str]]:

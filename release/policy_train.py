@@ -65,9 +65,10 @@ def data_digest(folder: Path = TRAINING) -> str:
     return "sha256:" + h.hexdigest()[:16]
 
 
-def code_digest() -> str:
+def code_digest(sources: tuple[str, ...] = SOURCES) -> str:
+    """The digest of the code that shapes a build's bytes (these files of the checkout)."""
     h = hashlib.sha256()
-    for name in SOURCES:
+    for name in sources:
         h.update(name.encode() + b"\0" + (REPO / name).read_bytes() + b"\0")
     return "sha256:" + h.hexdigest()[:16]
 

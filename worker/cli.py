@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         # Start-up (torch, diffusers, the policy's lists, the model) makes millions of objects that
         # live as long as the process; the collector walking them again and again on the way cost
-        # a fifth of a rank's start-up CPU. It stays off until the rank serves (worker/main.py).
+        # a sixth of a 2-rank demo's CPU. It stays off until the rank serves (worker/main.py).
         gc.disable()
         try:
             from worker.main import run
