@@ -108,16 +108,13 @@ class Engine:
             raise ValueError("job has no seed; rank 0 draws one before the broadcast")
         if not self.flux:
             return self._generate_other(jobs, on_step)
-        t0 = time.perf_counter()
+        clock = StageClock(self.device)
         embeds, pooled = zip(*(self.prompts.embed(j.prompt) for j in jobs))
-        self._sync()
-        t1 = time.perf_counter()
-        marks: dict[str, float] = {}
+        clock.mark("embedded")
 
         def on_step_end(_pipe, i, _t, _kwargs):
             if i == first.steps - 1:  # after the last scheduler step: denoising is done
-                self._sync()
-                marks["denoised"] = time.perf_counter()
+                clock.mark("denoised")
             if on_step is not None:
                 on_step(i)
             return {}
@@ -131,11 +128,10 @@ class Engine:
             output_type="pt", callback_on_step_end=on_step_end,
         ).images)
         pictures = to_pictures(images)
-        t2 = time.perf_counter()
+        clock.mark("end")
         self.generations += len(jobs)
-        denoised = marks.get("denoised", t2)
-        return Batch(pictures, {"embed": (t1 - t0) * 1e3, "denoise": (denoised - t1) * 1e3,
-                                "vae": (t2 - denoised) * 1e3})
+        return Batch(pictures, {"embed": clock.ms("start", "embedded"), "denoise": clock.ms("embedded", "denoised"),
+                                "vae": clock.ms("denoised", "end")})
 
     def _generate_other(self, jobs: list[Job], on_step: Callable[[int], None] | None) -> Batch:
         images, marks = self.generic.run(jobs, on_step, self._compiling, self._sync)
@@ -161,8 +157,40 @@ class Engine:
             return run()
 
     def _sync(self) -> None:
+        """Waits for this engine's own stream only: rank 0's checks run on streams of their own."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
+
+
+class StageClock:
+    """The stage boundaries of one batch, from its start. On CUDA each mark is an event recorded on
+    the engine's stream: a mark never stops the host from queueing the next stage's kernels (a
+    synchronize would leave the GPU idle while the host catches up) and never waits for another
+    stream (rank 0's checks). The figures are read once the pixels are on the host, which waits for
+    the stream; they are GPU time between marks. On a CPU, wall time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._marks: dict[str, object] = {}
+        self.mark("start")
+
+    def mark(self, name: str) -> None:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks[name] = event
+        else:
+            self._marks[name] = time.perf_counter()
+
+    def ms(self, since: str, until: str) -> float:
+        """Milliseconds between two marks; a mark never made (a pipeline that skipped the step
+        callback) reads as the last one made."""
+        last = next(reversed(self._marks))
+        a, b = self._marks.get(since, self._marks[last]), self._marks.get(until, self._marks[last])
+        if self._cuda:
+            b.synchronize()
+            return a.elapsed_time(b)
+        return (b - a) * 1e3
 
 
 def load_pipeline(cfg: ModelConfig, device: torch.device):
