@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from safety.config import GuardModelConfig
-from safety.device import weights_mb
+from safety.device import on_stream, own_stream, weights_mb
 from safety.verdicts import SafetyLoadError, Verdict
 
 _CODES = re.compile(r"\bS(\d{1,2})\b")
@@ -52,6 +52,7 @@ class GuardModelCheck:
             self._tok.pad_token = self._tok.eos_token
         self._tok.padding_side = "left"  # the answer's first token is predicted at the last position
         self._device = device
+        self._stream = own_stream(device)
         self._cfg = cfg
         self.placement = f"{cfg.model} on {device} ({cfg.dtype}), {weights_mb(self._model):.1f} MiB"
 
@@ -75,8 +76,9 @@ class GuardModelCheck:
         if not prompts:
             return []
         batch = self._tok([self._conversation(p) for p in prompts], return_tensors="pt", padding=True,
-                          add_special_tokens=False).to(self._device)
-        with torch.inference_mode():
+                          add_special_tokens=False)
+        with torch.inference_mode(), on_stream(self._stream):
+            batch = batch.to(self._device)
             logits = self._model(**batch).logits[:, -1, :].float()
             pair = torch.stack([logits[:, self._safe], logits[:, self._unsafe]], dim=1)
             p_unsafe = torch.softmax(pair, dim=1)[:, 1].tolist()

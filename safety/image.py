@@ -14,7 +14,7 @@ import numpy as np
 
 from safety.config import HFClassifierConfig, ImageCheckConfig, NudeNetConfig
 from safety.custom import build_custom, import_backend
-from safety.device import resolve_device, weights_mb
+from safety.device import on_stream, own_stream, resolve_device, weights_mb
 from safety.verdicts import SafetyLoadError, Verdict
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class HFImageCheck:
             raise SafetyLoadError(f"safety.image.hf.model: cannot load {cfg.model!r}: "
                                   f"{type(e).__name__}: {e}") from e
         self._model = model.to(device).eval()
+        self._stream = own_stream(device)
         labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
         unknown = sorted(set(cfg.flag_labels) - set(labels))
         if unknown:
@@ -99,13 +100,13 @@ class HFImageCheck:
     def _batch_scores(self, images: list[np.ndarray]) -> list[Verdict]:
         import torch
 
-        with torch.inference_mode():
-            inputs = self._processor(images=list(images), return_tensors="pt")
+        inputs = self._processor(images=list(images), return_tensors="pt")
+        with torch.inference_mode(), on_stream(self._stream):
             pixels = inputs["pixel_values"].to(self._model.device, self._model.dtype)
             logits = self._model(pixel_values=pixels).logits.float()
-            probs = logits.sigmoid() if self._multi_label else logits.softmax(-1)
+            probs = (logits.sigmoid() if self._multi_label else logits.softmax(-1)).cpu()
         return [Verdict.judge(self.name, {lab: float(p[j]) for j, lab in enumerate(self._labels)},
-                              self._thresholds) for p in probs.cpu()]
+                              self._thresholds) for p in probs]
 
 
 def build_image_check(cfg: ImageCheckConfig):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from safety.config import DetoxifyConfig, ProfanityConfig, TextCheckConfig
 from safety.custom import build_custom, import_backend
-from safety.device import resolve_device, weights_mb
+from safety.device import on_stream, own_stream, resolve_device, weights_mb
 from safety.verdicts import SafetyLoadError, Verdict
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,13 @@ class DetoxifyCheck:
             raise SafetyLoadError(f"safety.text.detoxify.thresholds: {', '.join(unknown)} not scored by "
                                   f"this model (it scores {', '.join(self._model.class_names)})")
         self._thresholds = dict(cfg.thresholds)
+        self._stream = own_stream(device)
         # Reported at start (Guard.describe): on rank 0's GPU this is memory the model cannot use.
         self.placement = f"{cfg.model_type} on {device}, {weights_mb(self._model.model):.1f} MiB"
 
     def check(self, prompts: list[str]) -> list[Verdict]:
-        raw = self._model.predict(list(prompts))
+        with on_stream(self._stream):
+            raw = self._model.predict(list(prompts))
         # detoxify squeezes a batch of one to bare floats.
         columns = {k: v if isinstance(v, list) else [v] for k, v in raw.items()}
         return [Verdict.judge(self.name, {k: float(v[i]) for k, v in columns.items()}, self._thresholds)
