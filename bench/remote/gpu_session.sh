@@ -28,4 +28,7 @@ for run in "$@"; do
     | grep -v "Warning\|warn(" >> "$LOG"
   echo "== $(date -u +%T) $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
   cp "$BENCH_DIR/$name/bench.json" "$OUT/$name.json" 2>/dev/null
+  # --profile: the operator tables, and the traces small enough to bring back
+  find "$BENCH_DIR/$name" -name 'profile-*' \( -name '*.txt' -o -size -24M \) | while read -r f; do
+    cp "$f" "$OUT/$name-$(basename "$f")"; done
 done

@@ -79,7 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: baseline, optimised, worker, ready")
     p.add_argument("--phase-limit-s", type=float, default=0.0, help="time limit per phase; 0: none")
     p.add_argument("--profile", action="store_true",
-                   help="torch.profiler trace and table of one step and one image (optimised phase)")
+                   help="torch.profiler traces: one step and one image of the optimised engine; 8 rounds of a "
+                        "second burst of the whole worker (rank 0's every thread and CUDA stream)")
     p.add_argument("--mixed", action="store_true", help="the worker on mixed sizes, 1 rank against --nproc ranks")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
@@ -104,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
     wanted = [w.strip() for w in args.phases.split(",") if w.strip()]
     if unknown := set(wanted) - {"baseline", "optimised", "worker", "ready"}:
         raise SystemExit(f"--phases: unknown {', '.join(sorted(unknown))}")
-    if args.profile and "optimised" not in wanted:
-        raise SystemExit("--profile: profiles the optimised engine; add optimised to --phases")
+    if args.profile and not {"optimised", "worker"} & set(wanted):
+        raise SystemExit("--profile: profiles the optimised engine and the worker; add either to --phases")
     overrides = list(args.set)
     if args.random_weights:
         overrides += [f"model.random_arch={args.random_weights}", *bench_overrides(args.out / "models")]

@@ -141,11 +141,49 @@ def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job],
         if idle_latency:
             with progress.step("one task at a time"):
                 result["idle_latency_ms"] = _idle_latency(client, worker, jobs[:min(5, len(jobs))])
+        if getattr(args, "profile", False):
+            with progress.step(f"profile {PROFILE_ROUNDS} rounds of a second burst (rank 0, every thread and stream)"):
+                try:
+                    result["profile"] = _profile_burst(client, worker, jobs)
+                except Exception as e:  # the figures above stand without it
+                    result["profile"] = {"error": f"{type(e).__name__}: {e}"}
+                    progress.say(f"  the worker's profile failed: {result['profile']['error']}")
         return result
     finally:
         if worker is not None:
             worker.stop(timeout=120)
         scheduler.stop()
+
+
+PROFILE_ROUNDS = 8
+
+
+def _profile_burst(client, worker, jobs: list[Job]) -> dict:
+    """Arms the worker's profiler (POST /profile on its ops endpoint) for PROFILE_ROUNDS rounds,
+    submits a burst of as many tasks plus a round's worth so the last profiled round is not the
+    queue's tail, waits for the trace and summarises it."""
+    import httpx
+
+    from bench.worker.profile import summarize_trace
+
+    ops_url = client.http.get("/v1/workers").json()[0]["ops_url"]
+    armed = httpx.post(f"{ops_url}/profile", params={"rounds": PROFILE_ROUNDS}, timeout=10)
+    armed.raise_for_status()
+    trace = Path(armed.json()["trace"])
+    # New prompts: a prompt cache would skip the text encoders for the first burst's.
+    burst = [{**_input(j), "prompt": f"{j.prompt}, profiled {i}"}
+             for i, j in enumerate((jobs * (1 + PROFILE_ROUNDS // max(1, len(jobs))))[:PROFILE_ROUNDS + 2])]
+    ids = [client.submit(task)["id"] for task in burst]
+    client.wait(ids, timeout=600 + 60 * len(burst), proc=worker)
+    def written():
+        status = httpx.get(f"{ops_url}/profile", timeout=10).json()
+        return status if status["state"] in ("done", "failed") else None
+
+    status = wait_until(written, 300, "the worker's trace to be written", proc=worker)
+    if status["state"] != "done":
+        raise RuntimeError(f"the worker's profile failed: {status['error']}")
+    return {"trace": str(trace), "table": str(trace.with_name(trace.name.replace(".json.gz", ".txt"))),
+            "rounds": status["rounds_done"], **summarize_trace(trace)}
 
 
 def time_to_ready(args: argparse.Namespace, overrides: list[str], workdir: Path, progress: Progress) -> dict:
@@ -181,9 +219,11 @@ def _start(args: argparse.Namespace, overrides: list[str], nproc: int, workdir: 
            log: str = "worker.log"):
     # The ranks share this machine's threads as the bare phases had them, so the comparison is fair.
     threads = str(max(1, torch.get_num_threads() // nproc))
+    profile = [f"ops.profile_dir={workdir / 'profile'}"] if getattr(args, "profile", False) else []
     return start_worker(Path(args.config), nproc, workdir / log, [
         *overrides, f"queue.url={url}", "queue.heartbeat_interval_s=1.0", "storage.kind=local",
-        f"storage.local.root={workdir / 'images'}", "ops.port=0"], env={"OMP_NUM_THREADS": threads})
+        f"storage.local.root={workdir / 'images'}", "ops.port=0", "ops.host=127.0.0.1", *profile],
+        env={"OMP_NUM_THREADS": threads})
 
 
 def _cache_line(messages: str) -> str:

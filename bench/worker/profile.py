@@ -64,3 +64,81 @@ def _write(prof: profile, device: torch.device, stem: Path) -> dict:
     return {"sorted_by": key, "trace": trace.name, "table": table.name, "self_ms_total": round(total / 1e3, 3),
             "top": [{"op": e.key, "calls": e.count, "self_ms": round(getattr(e, key) / 1e3, 3),
                      "share": round(getattr(e, key) / total, 4)} for e in top]}
+
+
+def summarize_trace(path: Path, top: int = 8) -> dict:
+    """Where the time of a Chrome trace from the worker's profiler (worker.serving.profiling) went:
+    the window it covers, how much of it the GPU was busy (the union of kernels, copies and sets on
+    every stream), each stream's kernels, the GPU's idle gaps, and each thread's time inside
+    operators (the union of its operator intervals: nested operators count once)."""
+    import gzip
+    import json
+
+    events = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    if not spans:
+        return {"window_ms": 0.0}
+    start = min(e["ts"] for e in spans)
+    end = max(e["ts"] + e["dur"] for e in spans)
+    names = {e["tid"]: e["args"].get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name" and "args" in e}
+    device = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    busy = _union(device)
+    gaps = sorted((b - a for a, b in _gaps(device, start, end)), reverse=True)
+    streams: dict[str, list[dict]] = {}
+    for e in device:
+        streams.setdefault(str(e.get("args", {}).get("stream", e.get("tid"))), []).append(e)
+    threads: dict[str, list[dict]] = {}
+    for e in spans:
+        if e.get("cat") == "cpu_op":
+            threads.setdefault(str(e["tid"]), []).append(e)
+    window = (end - start) / 1e3
+    return {
+        "window_ms": round(window, 1),
+        "gpu_busy_ms": round(busy / 1e3, 1),
+        "gpu_busy_share": round(busy / 1e3 / window, 4) if window else 0.0,
+        "gpu_idle_gaps": {"over_1ms": sum(g > 1e3 for g in gaps), "over_1ms_total_ms": round(sum(g for g in gaps if g > 1e3) / 1e3, 1),
+                          "largest_ms": [round(g / 1e3, 2) for g in gaps[:top]]},
+        "streams": {s: {"kernels": len(es), "busy_ms": round(_union(es) / 1e3, 1),
+                        "top": _top(es, top)} for s, es in sorted(streams.items(), key=lambda kv: -len(kv[1]))},
+        "threads": {names.get(_tid(tid)) or tid: {"ops": len(es), "busy_ms": round(_union(es) / 1e3, 1),
+                                                                  "top": _top(es, top)}
+                    for tid, es in sorted(threads.items(), key=lambda kv: -_union(kv[1]))},
+    }
+
+
+def _tid(tid: str):
+    return int(tid) if tid.lstrip("-").isdigit() else tid
+
+
+def _union(spans: list[dict]) -> float:
+    """Microseconds covered by at least one span."""
+    total, reach = 0.0, float("-inf")
+    for e in sorted(spans, key=lambda e: e["ts"]):
+        a, b = e["ts"], e["ts"] + e["dur"]
+        if b <= reach:
+            continue
+        total += b - max(a, reach)
+        reach = b
+    return total
+
+
+def _gaps(spans: list[dict], start: float, end: float) -> list[tuple[float, float]]:
+    """The stretches of [start, end] that no span covers."""
+    out, reach = [], start
+    for e in sorted(spans, key=lambda e: e["ts"]):
+        if e["ts"] > reach:
+            out.append((reach, e["ts"]))
+        reach = max(reach, e["ts"] + e["dur"])
+    if end > reach:
+        out.append((reach, end))
+    return out
+
+
+def _top(spans: list[dict], n: int) -> list[dict]:
+    by: dict[str, list[float]] = {}
+    for e in spans:
+        by.setdefault(e["name"][:120], []).append(e["dur"])
+    ranked = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:n]
+    return [{"name": k, "calls": len(v), "ms": round(sum(v) / 1e3, 2)} for k, v in ranked]

@@ -284,6 +284,8 @@ class OpsConfig(Section):
     # 0: any free port (logged and registered). Give each worker on one host its own.
     port: int = Field(9400, ge=0, le=65535)
     gpu_metrics: bool = Field(True, description="temperature, power, clocks, utilisation via NVML where present")
+    profile_dir: str = Field("", description="where POST /profile?rounds=N writes torch.profiler traces of "
+                             "rank 0's next N rounds; empty: no /profile endpoint")
 
 
 class OtherModelConfig(ModelConfig):

@@ -22,6 +22,7 @@ from worker.serving.ledger import Ledger, stage_limits
 from worker.serving.metrics import Metrics
 from worker.serving.ops import Health, OpsServer
 from worker.serving.post import PostStage
+from worker.serving.profiling import Profiler
 from worker.serving.queue_client import QueueClient
 from worker.serving.registration import Registration
 from worker.serving.reporter import Reporter
@@ -63,14 +64,15 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
                           model_limits={name: cfg.limits_of(name) for name in cfg.models},
                           model_text_tokens={name: m.max_sequence_length for name, m in cfg.models.items()})
     intake = Intake(Leaser(client, registration, state, cfg.queue, stop), admission, target=sizes.lease_ahead)
-    ops = None
+    ops = profiler = None
     if cfg.ops.enabled:  # started now, so that liveness is answered while the model loads
         health = Health(state, cfg.deadlines.stall_s, cfg.distributed.load_timeout_s, stop.is_set)
-        ops = OpsServer(cfg.ops, metrics, health)
+        profiler = Profiler(cfg.ops.profile_dir, ctx.device) if cfg.ops.profile_dir else None
+        ops = OpsServer(cfg.ops, metrics, health, profiler)
         registration.ops_url = ops.start()
     return Coordinator(cfg, ctx, sizes, guard, state, ledger, metrics, post, registration, reporter,
                        Backlog(reporter, ledger), intake, Watchdog(state, ledger, reporter, cfg.deadlines.stall_s),
-                       stop, models, ops)
+                       stop, models, ops, profiler)
 
 
 def _stores(cfg: WorkerConfig) -> tuple[ImageStore, ImageStore | None]:

@@ -34,6 +34,7 @@ from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.metrics import Metrics
 from worker.serving.ops import OpsServer
 from worker.serving.post import PostStage
+from worker.serving.profiling import Profiler
 from worker.serving.registration import Registration
 from worker.serving.reporter import Reporter
 from worker.serving.sizing import Sizes
@@ -67,6 +68,7 @@ class Coordinator:
     stop: threading.Event  # set: draining (no new leases)
     models: Models  # which models it holds and can load, and each swap's decision
     ops: OpsServer | None = None
+    profiler: Profiler | None = None  # POST /profile on the ops endpoint arms it (serving.profiling)
 
     def __post_init__(self) -> None:
         # Rank 0 never makes followers wait longer than this without a command.
@@ -121,6 +123,8 @@ class Coordinator:
             self.registration.leave()
         finally:
             self.watchdog.stop()
+            if self.profiler is not None:
+                self.profiler.finish()  # a trace under way keeps what it has
             self.post.shutdown()
             self.registration.close()
             if self.ops is not None:
@@ -144,8 +148,12 @@ class Coordinator:
         if model not in resident.engines and not self._swap(resident, model, round_):
             return
         self.models.used(model)
+        if self.profiler is not None:
+            self.profiler.before_round()
         outs = generate_round(resident.engine(model), batches, self.ctx, self.cfg.parallel.mode, self.ledger,
                               self.metrics)
+        if self.profiler is not None:
+            self.profiler.after_round()
         for task, out in zip(round_, outs):
             if out.errors:
                 self.reporter.fail(task, ErrorCode.GENERATION_FAILED, "; ".join(out.errors), retryable=True)

@@ -3,6 +3,9 @@
     GET /metrics   Prometheus exposition (serving.metrics)
     GET /livez     200 while the serve loop makes progress (or loading is within its time); else 503
     GET /readyz    200 once warmed up, checks loaded and storage writable, until draining; else 503
+    POST /profile?rounds=N   with `ops.profile_dir` set: a trace of the next N rounds (serving.profiling);
+                   202 with where it will be written, 409 while one is under way, 400 for a bad N
+    GET /profile   the trace's state
 
 Both health answers are JSON: {"ok": bool, "reason": str}. It starts before the model loads, so
 liveness is answered during a long load.
@@ -15,6 +18,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
+from urllib.parse import parse_qs
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -25,6 +29,7 @@ from protocol import RegistrationStatus
 from worker.config import ConfigError
 from worker.config.schema import OpsConfig
 from worker.serving.metrics import Metrics
+from worker.serving.profiling import MAX_ROUNDS, ProfileBusy, Profiler
 from worker.serving.state import WorkerState
 
 log = logging.getLogger(__name__)
@@ -57,8 +62,9 @@ class Health:
 
 
 class OpsServer:
-    def __init__(self, cfg: OpsConfig, metrics: Metrics, health: Health) -> None:
+    def __init__(self, cfg: OpsConfig, metrics: Metrics, health: Health, profiler: Profiler | None = None) -> None:
         self._cfg = cfg
+        self._profiler = profiler
         self._metrics_app = make_wsgi_app(metrics.registry)
         self._health = health
         self._server: ThreadingWSGIServer | None = None
@@ -88,13 +94,41 @@ class OpsServer:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
             return self._metrics_app(environ, start_response)
+        if path == "/profile" and self._profiler is not None:
+            return self._profile(environ, start_response)
         probes = {"/livez": self._health.live, "/readyz": self._health.ready}
         if path not in probes:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found: /metrics, /livez, /readyz\n"]
+            return [b"not found: /metrics, /livez, /readyz" + (b", /profile" if self._profiler else b"") + b"\n"]
         ok, reason = probes[path]()
         start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
         return [json.dumps({"ok": ok, "reason": reason}).encode()]
+
+
+    def _profile(self, environ, start_response):
+        def answer(status: str, body: dict):
+            start_response(status, [("Content-Type", "application/json")])
+            return [json.dumps(body).encode()]
+
+        assert self._profiler is not None
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method == "GET":
+            return answer("200 OK", self._profiler.status())
+        if method != "POST":
+            return answer("405 Method Not Allowed", {"error": "GET or POST"})
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        try:
+            rounds = int(query.get("rounds", ["8"])[0])
+            trace = self._profiler.request(rounds)
+        except ValueError as e:
+            return answer("400 Bad Request", {"error": f"rounds: must be a whole number within 1..{MAX_ROUNDS}"
+                                              if "invalid literal" in str(e) else str(e)})
+        except ProfileBusy as e:
+            return answer("409 Conflict", {"error": str(e)})
+        except OSError as e:  # ops.profile_dir cannot be made
+            return answer("409 Conflict", {"error": f"ops.profile_dir: {e}"})
+        log.info("profile armed: the next %d round(s) -> %s", rounds, trace)
+        return answer("202 Accepted", {"trace": str(trace), "rounds": rounds})
 
 
 class _QuietHandler(WSGIRequestHandler):
