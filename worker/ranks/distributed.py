@@ -124,6 +124,8 @@ def pick_device(pref: str, local_rank: int, dtype: str = "float32") -> torch.dev
 
 def broadcast(obj: Any, ctx: DistContext, group: Any = None) -> Any:
     """The coordinator's object reaches every rank. Small picklable objects only (commands, jobs)."""
+    if ctx.world_size == 1:  # nothing to send: no pickling, and no copy through the GPU that waits for it
+        return obj
     box = [obj if ctx.is_coordinator else None]
     try:
         dist.broadcast_object_list(box, src=ctx.coordinator, group=group or ctx.serve_group, device=_comm_device(ctx))
@@ -134,6 +136,8 @@ def broadcast(obj: Any, ctx: DistContext, group: Any = None) -> Any:
 
 def all_gather(obj: Any, ctx: DistContext, group: Any = None) -> list[Any]:
     """Every rank's object, in rank order, on every rank. Also a barrier."""
+    if ctx.world_size == 1:
+        return [obj]
     out: list[Any] = [None] * ctx.world_size
     try:
         dist.all_gather_object(out, obj, group=group or ctx.serve_group)
@@ -145,6 +149,8 @@ def all_gather(obj: Any, ctx: DistContext, group: Any = None) -> list[Any]:
 def gather(obj: Any, ctx: DistContext, group: Any = None) -> list[Any]:
     """Every rank's object on the coordinator, in rank order; the others get []. Images travel this way,
     over the collective backend: no rank but the coordinator does network I/O."""
+    if ctx.world_size == 1:  # the image stays where it is: no pickled copy through the GPU and back
+        return [obj]
     out: list[Any] | None = [None] * ctx.world_size if ctx.is_coordinator else None
     try:
         dist.gather_object(obj, out, dst=ctx.coordinator, group=group or ctx.serve_group)

@@ -100,3 +100,22 @@ def test_a_failed_load_is_reported_and_leaves_nothing_of_it(ctx):
 
 def test_a_job_naming_no_model_is_the_model_loaded_at_start():
     assert model_of([[JOB]], FakeResident()) == "a"
+
+
+def test_a_one_rank_group_passes_objects_without_a_collective(ctx, monkeypatch):
+    """One rank has no one to send to: no pickled copy of a command or an image through the device,
+    each of which waited for the GPU's queue to drain between rounds."""
+    import torch.distributed as dist
+
+    from worker.ranks.distributed import all_gather, broadcast, gather
+
+    def collective(*_a, **_k):
+        raise AssertionError("a collective ran in a one-rank group")
+
+    for name in ("broadcast_object_list", "gather_object", "all_gather_object"):
+        monkeypatch.setattr(dist, name, collective)
+    command, image = object(), np.zeros((4, 4, 3), np.uint8)
+    assert broadcast(command, ctx) is command
+    assert gather(image, ctx)[0] is image and all_gather(image, ctx)[0] is image
+    [out] = generate(FakeEngine(), [[JOB]], ctx)  # the round's closing gather, too
+    assert out.errors == [] and out.picture.pixels.shape == (64, 64, 3)
