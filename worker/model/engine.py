@@ -18,6 +18,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,8 @@ class Engine:
         self.flux = is_flux(pipe)
         self.prompts = PromptCache(pipe, cfg.max_sequence_length, prompt_cache_size) if self.flux else None
         self.generic = GenericPath(pipe, cfg) if pipe is not None and not self.flux else None
+        # One thread draws each batch's noise beside the text encoders (FLUX).
+        self._noise = ThreadPoolExecutor(max_workers=1, thread_name_prefix="noise")
 
     @classmethod
     def load(cls, cfg: ModelConfig, device: torch.device, speed_cfg: SpeedConfig = SpeedConfig(),
@@ -109,8 +112,12 @@ class Engine:
         if not self.flux:
             return self._generate_other(jobs, on_step)
         clock = StageClock(self.device)
+        # The noise is drawn on the host while the host queues the text encoders: drawn after them,
+        # it left the GPU idle for 6-9 ms an image on an H100.
+        noise = self._noise.submit(self._draw_noise, jobs)
         embeds, pooled = zip(*(self.prompts.embed(j.prompt) for j in jobs))
         clock.mark("embedded")
+        latents = noise.result()
 
         def on_step_end(_pipe, i, _t, _kwargs):
             if i == first.steps - 1:  # after the last scheduler step: denoising is done
@@ -123,15 +130,26 @@ class Engine:
             prompt_embeds=torch.cat(embeds), pooled_prompt_embeds=torch.cat(pooled),
             width=first.width, height=first.height, num_inference_steps=first.steps,
             guidance_scale=self.cfg.guidance_scale, max_sequence_length=self.cfg.max_sequence_length,
-            # A CPU generator per job draws the same noise on every device, rank count and batch.
-            generator=[torch.Generator("cpu").manual_seed(j.seed) for j in jobs],
-            output_type="pt", callback_on_step_end=on_step_end,
+            latents=latents, output_type="pt", callback_on_step_end=on_step_end,
         ).images)
         pictures = to_pictures(images)
         clock.mark("end")
         self.generations += len(jobs)
         return Batch(pictures, {"embed": clock.ms("start", "embedded"), "denoise": clock.ms("embedded", "denoised"),
                                 "vae": clock.ms("denoised", "end")})
+
+    def _draw_noise(self, jobs: list[Job]) -> torch.Tensor:
+        """The batch's packed initial latents, as the pipeline would draw them: a CPU generator per
+        job draws the same noise on every device, rank count and batch. In the pipeline's dtype (its
+        prompt embeddings'), placed on the device."""
+        pipe, first = self.pipe, jobs[0]
+        dtype = pipe.text_encoder.dtype if pipe.text_encoder is not None else pipe.transformer.dtype
+        latents, _ = pipe.prepare_latents(len(jobs), pipe.transformer.config.in_channels // 4, first.height,
+                                          first.width, dtype, torch.device("cpu"),
+                                          [torch.Generator("cpu").manual_seed(j.seed) for j in jobs])
+        if self.device.type == "cuda":
+            return latents.pin_memory().to(self.device, non_blocking=True)
+        return latents
 
     def _generate_other(self, jobs: list[Job], on_step: Callable[[int], None] | None) -> Batch:
         images, marks = self.generic.run(jobs, on_step, self._compiling, self._sync)

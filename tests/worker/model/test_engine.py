@@ -55,3 +55,23 @@ def test_offline_mode_is_honoured_for_hub_ids(monkeypatch):
         Engine.load(ModelConfig(source="no-such-org/no-such-model", dtype="float32", device="cpu"),
                     torch.device("cpu"))
     assert "offline" in str(e.value).lower() or "cache" in str(e.value).lower()
+
+
+def test_a_batch_is_the_pipelines_own_images_though_its_noise_is_drawn_beside_the_text_encoders(engine):
+    """The engine draws each batch's noise on a thread while the text encoders are queued, then
+    hands it to the pipeline: the same pixels as the pipeline drawing it from the jobs' generators."""
+    jobs = [job(seed=5), job(seed=6, prompt="a blue whale")]
+    ours = engine.generate_batch(jobs).pictures
+    with torch.inference_mode():
+        embeds, pooled = zip(*(engine.prompts.embed(j.prompt) for j in jobs))
+        theirs = to_pictures(engine.pipe(
+            prompt_embeds=torch.cat(embeds), pooled_prompt_embeds=torch.cat(pooled), width=128, height=64,
+            num_inference_steps=4, guidance_scale=engine.cfg.guidance_scale, max_sequence_length=64,
+            generator=[torch.Generator("cpu").manual_seed(j.seed) for j in jobs], output_type="pt").images)
+    assert [np.array_equal(a.pixels, b.pixels) for a, b in zip(ours, theirs)] == [True, True]
+
+
+def test_a_noise_draw_that_fails_fails_the_batch(engine, monkeypatch):
+    monkeypatch.setattr(engine.pipe, "prepare_latents", lambda *a, **k: (_ for _ in ()).throw(MemoryError("host")))
+    with pytest.raises(MemoryError, match="host"):
+        engine.generate(job())
