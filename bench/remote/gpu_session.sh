@@ -4,10 +4,12 @@
 #
 # Here, first: the wheels the GPU image lacks (shared/GPU-NOTES.md), into .whl/ (ignored):
 #   .venv/bin/python -m release.wheelhouse --out .whl --python-version 3.12 --torch 2.11.0 \
-#       --extras fp8,tools --have HAVE.txt && rm .whl/dit_worker-*.whl
-# (HAVE.txt: the image's package list, one name per line.) Then one device call per group, e.g.
+#       --extras fp8 --have HAVE.txt && rm .whl/dit_worker-*.whl
+# (HAVE.txt: the image's package list, one name per line; 44 wheels, 46 MiB. Not the tools extra:
+# simplemma alone is 19 MiB, and a call carries 64 MiB in all.) Then one device call per group, e.g.
 #   bash bench/remote/gpu_session.sh "main 240 --phases optimised --profile" "fp8 400 --phases optimised --set speed.fp8=true"
-# with .whl carried. Each argument is NAME LIMIT_S BENCH_ARGS...; the bench runs the full-size
+# carrying .whl and the policy's learned layer, which `make policy-model` built here and git ignores
+# (safety/policy/lists/learned.json and learned.safetensors): without it rank 0 refuses to start. Each argument is NAME LIMIT_S BENCH_ARGS...; the bench runs the full-size
 # FLUX.1-schnell architecture with random weights at --size (default 1360x768), 16 images, one
 # compile cache for every run of the machine (it survives between calls while the machine is warm).
 set -u
