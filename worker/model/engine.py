@@ -114,7 +114,7 @@ class Engine:
         clock = StageClock(self.device)
         # The noise is drawn on the host while the host queues the text encoders: drawn after them,
         # it left the GPU idle for 6-9 ms an image on an H100.
-        noise = self._noise.submit(self._draw_noise, jobs)
+        noise = self._noise.submit(draw_noise, self.pipe, jobs, self.device)
         embeds, pooled = zip(*(self.prompts.embed(j.prompt) for j in jobs))
         clock.mark("embedded")
         latents = noise.result()
@@ -137,19 +137,6 @@ class Engine:
         self.generations += len(jobs)
         return Batch(pictures, {"embed": clock.ms("start", "embedded"), "denoise": clock.ms("embedded", "denoised"),
                                 "vae": clock.ms("denoised", "end")})
-
-    def _draw_noise(self, jobs: list[Job]) -> torch.Tensor:
-        """The batch's packed initial latents, as the pipeline would draw them: a CPU generator per
-        job draws the same noise on every device, rank count and batch. In the pipeline's dtype (its
-        prompt embeddings'), placed on the device."""
-        pipe, first = self.pipe, jobs[0]
-        dtype = pipe.text_encoder.dtype if pipe.text_encoder is not None else pipe.transformer.dtype
-        latents, _ = pipe.prepare_latents(len(jobs), pipe.transformer.config.in_channels // 4, first.height,
-                                          first.width, dtype, torch.device("cpu"),
-                                          [torch.Generator("cpu").manual_seed(j.seed) for j in jobs])
-        if self.device.type == "cuda":
-            return latents.pin_memory().to(self.device, non_blocking=True)
-        return latents
 
     def _generate_other(self, jobs: list[Job], on_step: Callable[[int], None] | None) -> Batch:
         images, marks = self.generic.run(jobs, on_step, self._compiling, self._sync)
@@ -178,6 +165,20 @@ class Engine:
         """Waits for this engine's own stream only: rank 0's checks run on streams of their own."""
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+
+
+def draw_noise(pipe, jobs: list[Job], device: torch.device) -> torch.Tensor:
+    """A FLUX batch's packed initial latents, as the pipeline would draw them: a CPU generator per
+    job draws the same noise on every device, rank count and batch. In the pipeline's dtype (its
+    prompt embeddings'), placed on `device`."""
+    first = jobs[0]
+    dtype = pipe.text_encoder.dtype if pipe.text_encoder is not None else pipe.transformer.dtype
+    latents, _ = pipe.prepare_latents(len(jobs), pipe.transformer.config.in_channels // 4, first.height,
+                                      first.width, dtype, torch.device("cpu"),
+                                      [torch.Generator("cpu").manual_seed(j.seed) for j in jobs])
+    if device.type == "cuda":
+        return latents.pin_memory().to(device, non_blocking=True)
+    return latents
 
 
 class StageClock:

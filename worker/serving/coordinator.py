@@ -123,12 +123,10 @@ class Coordinator:
             self.registration.leave()
         finally:
             self.watchdog.stop()
-            if self.profiler is not None:
-                self.profiler.finish()  # a trace under way keeps what it has
             self.post.shutdown()
             self.registration.close()
             if self.ops is not None:
-                self.ops.stop()
+                self.ops.stop()  # and stops a trace under way, which keeps what it has
 
     # ------------------------------------------------------------ one turn
 
@@ -148,12 +146,8 @@ class Coordinator:
         if model not in resident.engines and not self._swap(resident, model, round_):
             return
         self.models.used(model)
-        if self.profiler is not None:
-            self.profiler.before_round()
         outs = generate_round(resident.engine(model), batches, self.ctx, self.cfg.parallel.mode, self.ledger,
-                              self.metrics)
-        if self.profiler is not None:
-            self.profiler.after_round()
+                              self.metrics, self.profiler)
         for task, out in zip(round_, outs):
             if out.errors:
                 self.reporter.fail(task, ErrorCode.GENERATION_FAILED, "; ".join(out.errors), retryable=True)

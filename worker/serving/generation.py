@@ -10,12 +10,25 @@ from worker.ranks import lockstep
 from worker.ranks.distributed import DistContext, broadcast
 from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.metrics import Metrics
+from worker.serving.profiling import Profiler
 from worker.serving.task import Task
 
 
 def generate_round(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, ledger: Ledger,
-                   metrics: Metrics) -> list[lockstep.Generated]:
-    """Each task's outcome, in the order of the batches."""
+                   metrics: Metrics, profiler: Profiler | None = None) -> list[lockstep.Generated]:
+    """Each task's outcome, in the order of the batches. A profiler armed over the ops endpoint
+    starts before the round and counts it once it ends."""
+    if profiler is not None:
+        profiler.before_round()
+    try:
+        return _generate(engine, batches, ctx, mode, ledger, metrics)
+    finally:
+        if profiler is not None:
+            profiler.after_round()
+
+
+def _generate(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, ledger: Ledger,
+              metrics: Metrics) -> list[lockstep.Generated]:
     jobs = tuple(tuple(t.job for t in batch) for batch in batches)
     round_ = [task for batch in batches for task in batch]
     metrics.round_generated(len(batch) for batch in batches)

@@ -86,6 +86,9 @@ class OpsServer:
         return self.url
 
     def stop(self) -> None:
+        """Called from the serve loop's thread as it ends: a trace under way is stopped and written."""
+        if self._profiler is not None:
+            self._profiler.finish()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -141,3 +141,19 @@ def test_the_operator_endpoint_arms_a_trace_and_says_how_it_stands(tmp_path, pro
             assert http.delete("/profile").status_code == 405
     finally:
         server.stop()
+
+
+@pytest.mark.integration
+def test_an_endpoint_that_stops_mid_trace_writes_what_the_trace_has(tmp_path):
+    state = WorkerState()
+    profiler = Profiler(tmp_path, torch.device("cpu"))
+    server = OpsServer(OpsConfig(host="127.0.0.1", port=0), Metrics(state, Ledger(), torch.device("cpu")),
+                       Health(state, 300, 1800, lambda: False), profiler)
+    server.start()
+    trace = profiler.request(5)
+    profiler.before_round()
+    _round()
+    profiler.after_round()
+    server.stop()  # the serve loop ended after 1 of 5 rounds
+    profiler.join(60)
+    assert profiler.status()["state"] == "done" and trace.is_file()
