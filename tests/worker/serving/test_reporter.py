@@ -249,3 +249,54 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class SlowClient(RecordingClient):
+    """Holds every report call until `answer` is set; or raises `error`."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__()
+        self.answer, self.entered, self.error = threading.Event(), threading.Event(), error
+
+    def _hold(self) -> None:
+        self.entered.set()
+        if self.error is not None:
+            raise self.error
+        assert self.answer.wait(10)
+
+    def report(self, task_id, rep, deadline_s):
+        self._hold()
+        return super().report(task_id, rep, deadline_s)
+
+    def report_many(self, reports, deadline_s):
+        self._hold()
+        return super().report_many(reports, deadline_s)
+
+
+def test_the_serve_loop_does_not_wait_for_a_report_call_within_its_limit():
+    """Reports go out on the sender's thread: the next round starts while the call is on its way,
+    and the task counts as unreported until it is answered."""
+    client = SlowClient()
+    backlog = backlog_of(client)
+    post = GatedPost("a")
+    post.gates["a"].set()
+    backlog.add(task("a"), post.submit(task("a")))
+    backlog._pending[0][1].result(5)
+    backlog.report_down_to(1, keepalive=lambda: None, every_s=0.05)  # returns with the call in flight
+    assert client.entered.wait(5) and client.reports == [] and len(backlog) == 1
+    threading.Timer(0.2, client.answer.set).start()
+    keepalives = []
+    backlog.report_down_to(0, keepalive=lambda: keepalives.append(1), every_s=0.05)
+    assert client.reports == [("a", "succeeded")] and len(backlog) == 0 and keepalives
+
+
+def test_an_error_in_sending_reaches_the_serve_loop():
+    class Refused(Exception):
+        pass
+
+    backlog = backlog_of(SlowClient(Refused("this worker is not registered")))
+    post = GatedPost("a")
+    post.gates["a"].set()
+    backlog.add(task("a"), post.submit(task("a")))
+    with pytest.raises(Refused, match="not registered"):
+        backlog.report_down_to(0, keepalive=lambda: None, every_s=0.05)
