@@ -12,6 +12,8 @@
 # (safety/policy/lists/learned.json and learned.safetensors): without it rank 0 refuses to start. Each argument is NAME LIMIT_S BENCH_ARGS...; the bench runs the full-size
 # FLUX.1-schnell architecture with random weights at --size (default 1360x768), 16 images, one
 # compile cache for every run of the machine (it survives between calls while the machine is warm).
+# WEIGHTS_DIR=/root/weights: the random weights saved there once and loaded from disk in every phase,
+# as a node loads its model (--weights-dir; about 33 GB written by the first run).
 set -u
 OUT=${OUT:-var/gpu-session}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -26,7 +28,8 @@ for run in "$@"; do
   echo "== $(date -u +%T) $name (limit ${limit}s): $args" | tee -a "$LOG"
   # shellcheck disable=SC2086
   timeout -k 10 "$limit" python3 -m bench worker --config configs/flux-schnell.toml --random-weights --images 16 \
-    --size 1360x768 --set speed.compile_cache_dir="$CACHE_DIR" --out "$BENCH_DIR/$name" $args 2>&1 \
+    --size 1360x768 --set speed.compile_cache_dir="$CACHE_DIR" ${WEIGHTS_DIR:+--weights-dir "$WEIGHTS_DIR"} \
+    --out "$BENCH_DIR/$name" $args 2>&1 \
     | grep -v "Warning\|warn(" >> "$LOG"
   echo "== $(date -u +%T) $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
   cp "$BENCH_DIR/$name/bench.json" "$OUT/$name.json" 2>/dev/null

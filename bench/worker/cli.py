@@ -73,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=1, help="ranks of the worker phase")
     p.add_argument("--random-weights", nargs="?", const="flux.1-schnell", default=None, metavar="ARCH",
                    help="build ARCH (default flux.1-schnell) with random weights instead of loading it")
+    p.add_argument("--weights-dir", type=Path, default=None, metavar="DIR",
+                   help="with --random-weights: save the random pipeline to DIR once (save_pretrained) and "
+                        "load it from there in every phase, as a node loads its model from local disk")
     p.add_argument("--sweep", action="store_true", help="images/min per speed switch, added one at a time")
     p.add_argument("--attention", default="", help="attention backend for the sweep, e.g. _native_cudnn")
     p.add_argument("--phases", default="baseline,optimised,worker",
@@ -108,8 +111,16 @@ def run(args: argparse.Namespace) -> int:
     if args.profile and not {"optimised", "worker"} & set(wanted):
         raise SystemExit("--profile: profiles the optimised engine and the worker; add either to --phases")
     overrides = list(args.set)
+    if args.weights_dir and not args.random_weights:
+        raise SystemExit("--weights-dir: saves random weights; add --random-weights")
     if args.random_weights:
-        overrides += [f"model.random_arch={args.random_weights}", *bench_overrides(args.out / "models")]
+        overrides += bench_overrides(args.out / "models")
+        if args.weights_dir:
+            dtype = load_config(args.config, overrides).model.dtype
+            source = saved_random_pipeline(args.random_weights, args.weights_dir, dtype)
+            overrides += [f"model.source={source}", "model.random_arch=none"]
+        else:
+            overrides += [f"model.random_arch={args.random_weights}"]
     cfg = load_config(args.config, overrides)
     device = pick_device(cfg.model.device, local_rank=0, dtype=cfg.model.dtype)
     report: dict = {"device": _describe(device), "torch": torch.__version__, "config": args.config,
@@ -144,6 +155,28 @@ def run(args: argparse.Namespace) -> int:
         plot(report, args.out / "bench.png")
     print(f"wrote {args.out / 'bench.json'}" + (f" and {args.out / 'bench.png'}" if plotted else ""))
     return 0 if not progress.failed else 1
+
+
+def saved_random_pipeline(arch: str, folder: Path, dtype: str) -> Path:
+    """`arch` with random weights in `dtype`, saved to `folder` by save_pretrained unless a
+    previous run saved it there (into a staging folder, then renamed: a folder that exists is
+    whole): every phase then loads it with from_pretrained from local disk."""
+    if (folder / "model_index.json").is_file():
+        print(f"random weights ({arch}): loading the pipeline saved in {folder}", flush=True)
+        return folder
+    from diffusers.utils import logging as dlog
+
+    from worker.model.architectures import build_pipeline
+
+    dlog.disable_progress_bar()
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the 12B transformer is built in minutes on a CPU
+    pipe = build_pipeline(arch, dtype=getattr(torch, dtype), device=device)
+    staging = folder.with_name(folder.name + ".partial")
+    pipe.save_pretrained(staging)
+    del pipe
+    staging.rename(folder)  # whole or not at all
+    print(f"random weights ({arch}): saved to {folder}", flush=True)
+    return folder
 
 
 def measure_size(args, overrides: list[str], cfg, device: torch.device, progress: Progress, wanted: list[str],

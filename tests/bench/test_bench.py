@@ -122,3 +122,24 @@ def test_sigterm_mid_phase_saves_what_ran_and_stops_what_it_started(tiny_model, 
     for p in left:
         p.kill()
     assert not left, [p.info["cmdline"][:4] for p in left]
+
+
+def test_random_weights_are_saved_once_and_loaded_from_disk_as_a_node_loads(tmp_path, monkeypatch):
+    """--weights-dir: the random pipeline is written once (whole, through a staging folder), then
+    every phase and every later run loads it with from_pretrained."""
+    from diffusers import DiffusionPipeline
+
+    import worker.model.architectures as architectures
+    from bench.worker.cli import saved_random_pipeline
+
+    folder = tmp_path / "weights"
+    assert saved_random_pipeline("tiny", folder, "float32") == folder
+    assert (folder / "model_index.json").is_file() and not (tmp_path / "weights.partial").exists()
+
+    def built_again(*_a, **_k):
+        raise AssertionError("a saved pipeline was built again")
+
+    monkeypatch.setattr(architectures, "build_pipeline", built_again)
+    assert saved_random_pipeline("tiny", folder, "float32") == folder
+    pipe = DiffusionPipeline.from_pretrained(folder)
+    assert type(pipe).__name__ == "FluxPipeline"
