@@ -86,16 +86,23 @@ def test_one_trace_at_a_time_and_rounds_within_bounds(tmp_path):
     assert profiler.status()["state"] == "armed"
 
 
-def test_a_loop_that_ends_mid_trace_writes_what_it_has(tmp_path):
+@pytest.mark.integration
+@pytest.mark.parametrize("ended_by", ["the profiler", "the ops endpoint"])
+def test_a_loop_that_ends_mid_trace_writes_what_it_has(tmp_path, ended_by):
     profiler = Profiler(tmp_path, torch.device("cpu"))
+    server = OpsServer(OpsConfig(host="127.0.0.1", port=0), Metrics(WorkerState(), Ledger(), torch.device("cpu")),
+                       Health(WorkerState(), 300, 1800, lambda: False), profiler)
+    server.start()
     trace = profiler.request(10)
     profiler.before_round()
     _round()
     profiler.after_round()
-    profiler.finish()  # the serve loop ended after 1 of 10 rounds
+    # the serve loop ended after 1 of 10 rounds; its end stops the endpoint, which stops the trace
+    profiler.finish() if ended_by == "the profiler" else server.stop()
     profiler.join(60)
     assert profiler.status()["state"] == "done" and profiler.status()["rounds_done"] == 1
     assert trace.is_file()
+    server.stop()
 
 
 def test_a_profiler_that_cannot_start_fails_the_trace_not_the_loop(tmp_path, monkeypatch):
@@ -141,19 +148,3 @@ def test_the_operator_endpoint_arms_a_trace_and_says_how_it_stands(tmp_path, pro
             assert http.delete("/profile").status_code == 405
     finally:
         server.stop()
-
-
-@pytest.mark.integration
-def test_an_endpoint_that_stops_mid_trace_writes_what_the_trace_has(tmp_path):
-    state = WorkerState()
-    profiler = Profiler(tmp_path, torch.device("cpu"))
-    server = OpsServer(OpsConfig(host="127.0.0.1", port=0), Metrics(state, Ledger(), torch.device("cpu")),
-                       Health(state, 300, 1800, lambda: False), profiler)
-    server.start()
-    trace = profiler.request(5)
-    profiler.before_round()
-    _round()
-    profiler.after_round()
-    server.stop()  # the serve loop ended after 1 of 5 rounds
-    profiler.join(60)
-    assert profiler.status()["state"] == "done" and trace.is_file()
