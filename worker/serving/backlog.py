@@ -28,7 +28,7 @@ class Backlog:
         self._ledger = ledger
         self._pending: deque[tuple[Task, Future]] = deque()  # (task, its post stage), in lease order
         self._sending: deque[tuple[int, Future]] = deque()  # (tasks in it, the call), in lease order
-        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reports")
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-sender")
 
     def add(self, task: Task, post: Future) -> None:
         """A task handed to the post stage; reported once it and every earlier one are finished."""
