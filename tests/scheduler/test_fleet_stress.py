@@ -162,6 +162,11 @@ async def load(fleet: Fleet, restart) -> None:
         end = time.monotonic() + SETTLE_S
         while time.monotonic() < end and not await all_succeeded(fleet, http):
             await asyncio.sleep(0.5)
+    # A worker whose call was open at the kill may come back late (its client's timeout, then a new
+    # registration): the fleet runs until every worker has been answered by the new process, or SETTLE_S.
+    end = time.monotonic() + SETTLE_S
+    while time.monotonic() < end and len(fleet.served_after) < WORKERS:
+        await asyncio.sleep(0.2)
     fleet.stop.set()
     await asyncio.gather(*workers, return_exceptions=True)
 
