@@ -141,7 +141,7 @@ def full_worker(args: argparse.Namespace, overrides: list[str], jobs: list[Job],
         if idle_latency:
             with progress.step("one task at a time"):
                 result["idle_latency_ms"] = _idle_latency(client, worker, jobs[:min(5, len(jobs))])
-        if getattr(args, "profile", False):
+        if args.profile:
             with progress.step(f"profile {PROFILE_ROUNDS} rounds of a second burst (rank 0, every thread and stream)"):
                 try:
                     result["profile"] = _profile_burst(client, worker, jobs)
@@ -175,6 +175,7 @@ def _profile_burst(client, worker, jobs: list[Job]) -> dict:
              for i, j in enumerate((jobs * (1 + PROFILE_ROUNDS // max(1, len(jobs))))[:PROFILE_ROUNDS + 2])]
     ids = [client.submit(task)["id"] for task in burst]
     client.wait(ids, timeout=600 + 60 * len(burst), proc=worker)
+
     def written():
         status = httpx.get(f"{ops_url}/profile", timeout=10).json()
         return status if status["state"] in ("done", "failed") else None
@@ -219,7 +220,7 @@ def _start(args: argparse.Namespace, overrides: list[str], nproc: int, workdir: 
            log: str = "worker.log"):
     # The ranks share this machine's threads as the bare phases had them, so the comparison is fair.
     threads = str(max(1, torch.get_num_threads() // nproc))
-    profile = [f"ops.profile_dir={workdir / 'profile'}"] if getattr(args, "profile", False) else []
+    profile = [f"ops.profile_dir={workdir / 'profile'}"] if args.profile else []
     return start_worker(Path(args.config), nproc, workdir / log, [
         *overrides, f"queue.url={url}", "queue.heartbeat_interval_s=1.0", "storage.kind=local",
         f"storage.local.root={workdir / 'images'}", "ops.port=0", "ops.host=127.0.0.1", *profile],

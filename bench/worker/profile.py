@@ -98,12 +98,13 @@ def summarize_trace(path: Path, top: int = 8) -> dict:
         "window_ms": round(window, 1),
         "gpu_busy_ms": round(busy / 1e3, 1),
         "gpu_busy_share": round(busy / 1e3 / window, 4) if window else 0.0,
-        "gpu_idle_gaps": {"over_1ms": sum(g > 1e3 for g in gaps), "over_1ms_total_ms": round(sum(g for g in gaps if g > 1e3) / 1e3, 1),
+        "gpu_idle_gaps": {"over_1ms": sum(g > 1e3 for g in gaps),
+                          "over_1ms_total_ms": round(sum(g for g in gaps if g > 1e3) / 1e3, 1),
                           "largest_ms": [round(g / 1e3, 2) for g in gaps[:top]]},
-        "streams": {s: {"kernels": len(es), "busy_ms": round(_union(es) / 1e3, 1),
-                        "top": _top(es, top)} for s, es in sorted(streams.items(), key=lambda kv: -len(kv[1]))},
+        "streams": {s: {"kernels": len(es), "busy_ms": round(_union(es) / 1e3, 1), "top": _top(es, top)}
+                    for s, es in sorted(streams.items(), key=lambda kv: -len(kv[1]))},
         "threads": {names.get(_tid(tid)) or tid: {"ops": len(es), "busy_ms": round(_union(es) / 1e3, 1),
-                                                                  "top": _top(es, top)}
+                                                  "top": _top(es, top)}
                     for tid, es in sorted(threads.items(), key=lambda kv: -_union(kv[1]))},
     }
 

@@ -18,8 +18,8 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from urllib.parse import parse_qs
 from dataclasses import dataclass
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import make_wsgi_app
@@ -107,7 +107,6 @@ class OpsServer:
         start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
         return [json.dumps({"ok": ok, "reason": reason}).encode()]
 
-
     def _profile(self, environ, start_response):
         def answer(status: str, body: dict):
             start_response(status, [("Content-Type", "application/json")])
@@ -119,13 +118,15 @@ class OpsServer:
             return answer("200 OK", self._profiler.status())
         if method != "POST":
             return answer("405 Method Not Allowed", {"error": "GET or POST"})
-        query = parse_qs(environ.get("QUERY_STRING", ""))
+        given = parse_qs(environ.get("QUERY_STRING", "")).get("rounds", ["8"])[0]
         try:
-            rounds = int(query.get("rounds", ["8"])[0])
+            rounds = int(given)
+        except ValueError:
+            return answer("400 Bad Request", {"error": f"rounds: {given!r} is not a whole number within 1..{MAX_ROUNDS}"})
+        try:
             trace = self._profiler.request(rounds)
-        except ValueError as e:
-            return answer("400 Bad Request", {"error": f"rounds: must be a whole number within 1..{MAX_ROUNDS}"
-                                              if "invalid literal" in str(e) else str(e)})
+        except ValueError as e:  # out of range
+            return answer("400 Bad Request", {"error": str(e)})
         except ProfileBusy as e:
             return answer("409 Conflict", {"error": str(e)})
         except OSError as e:  # ops.profile_dir cannot be made

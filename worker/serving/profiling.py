@@ -14,9 +14,7 @@ throughput.
 
 from __future__ import annotations
 
-import gzip
 import logging
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -113,11 +111,7 @@ class Profiler:
         trace = self._trace
         assert trace is not None
         try:
-            raw = trace.with_suffix("")  # profile-....json
-            prof.export_chrome_trace(str(raw))
-            with open(raw, "rb") as src, gzip.open(trace, "wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst)
-            raw.unlink()
+            prof.export_chrome_trace(str(trace))  # a .gz path: torch writes it gzipped
             sort = "self_device_time_total" if self._device.type == "cuda" else "self_cpu_time_total"
             table = prof.key_averages().table(sort_by=sort, row_limit=40)
             trace.with_name(trace.name.replace(".json.gz", ".txt")).write_text(table + "\n")
