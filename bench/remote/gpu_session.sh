@@ -14,7 +14,8 @@
 # architecture with random weights at --size (default 1360x768), 16 images, one compile cache for
 # every run of the machine (it survives between calls while the machine is warm).
 # WEIGHTS_DIR=/root/weights: the random weights saved there once and loaded from disk in every phase,
-# as a node loads its model (--weights-dir; about 33 GB written by the first run).
+# as a node loads its model (--weights-dir; about 33 GB written by the first run, 80 s on an H100
+# machine, inside that run's limit: give it that much more).
 set -u
 OUT=${OUT:-var/gpu-session}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
