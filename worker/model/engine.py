@@ -167,10 +167,14 @@ class Engine:
             torch.cuda.current_stream(self.device).synchronize()
 
 
+@torch.inference_mode()  # inference mode is per thread: an ordinary tensor recompiles the transformer
 def draw_noise(pipe, jobs: list[Job], device: torch.device) -> torch.Tensor:
     """A FLUX batch's packed initial latents, as the pipeline would draw them: a CPU generator per
     job draws the same noise on every device, rank count and batch. In the pipeline's dtype (its
-    prompt embeddings'), placed on `device`."""
+    prompt embeddings'), placed on `device`. An inference tensor, as every later step's latents are:
+    drawn on the noise thread without it, the first step's input differed from the others' in
+    autograd's dispatch keys, and dynamo compiled the transformer twice (a second cold compile of
+    minutes on a GPU, and two sets of guards checked before each step)."""
     first = jobs[0]
     dtype = pipe.text_encoder.dtype if pipe.text_encoder is not None else pipe.transformer.dtype
     latents, _ = pipe.prepare_latents(len(jobs), pipe.transformer.config.in_channels // 4, first.height,

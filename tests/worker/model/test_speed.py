@@ -60,7 +60,9 @@ def test_compiled_transformer_and_vae_decoder(tiny_model, plain):
     assert engine.pipe.vae.decoder._compiled_call_impl is not None
     torch._dynamo.utils.counters.clear()
     assert_close(engine.generate_batch(JOBS).pictures, plain)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # both really were traced
+    # Both really were traced, each once: the first step's noise (drawn on a thread) is an inference
+    # tensor like every later step's input, so the transformer is not compiled a second time.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
 
 
 def test_regional_compile_wraps_each_repeated_block_and_not_the_whole(tiny_model):
