@@ -23,6 +23,9 @@ from safety.verdicts import SafetyLoadError, Verdict
 
 MINOR_AGE = 18
 LEARNED_MIN_WORDS = 4
+# Beside a weak listed term the model must be surer than its threshold: "a woman in lingerie" (0.5
+# sexual) and "blood on the floor" (0.78 violence) pass, as one weak term alone does.
+LEARNED_WITH_WEAK = 0.85
 _PLAIN_WORDS = regex.compile(f"[a-z0-9]+|[{CJK}]")
 _DIGIT = re.compile(r"[0-9]")
 # Words that join spelled tens and units ("treinta y cinco", "vingt et un", "vinte e cinco").
@@ -170,9 +173,12 @@ class PromptPolicy:
     def _learn(self, words: list[str], kinds: dict[str, dict[str, set[tuple]]]) -> None:
         """The learned layer, for what the lists have no words for: a category in which the lists
         found no term gets one contextual term (strong, unless the category's benign context is
-        there) when the model's probability reaches its threshold. It reads the words no exempt
-        phrase hid ("Al Gore" is not gore); where the lists found a term, they decide (one weak
-        term still passes). Fewer than `LEARNED_MIN_WORDS` words tell it too little: a style word
+        there) when the model's probability reaches its threshold; one in which they found only
+        weak terms gets one more weak term when the probability also reaches `LEARNED_WITH_WEAK`
+        (so a weak term and a sure model together refuse, unless the benign context cancels weak
+        terms); where they found a strong or contextual term, they
+        decide. It reads the words no exempt phrase hid ("Al Gore" is not gore). Fewer than
+        `LEARNED_MIN_WORDS` words tell it too little: a style word
         alone ("poster") leans on what the training prompts around it were. Beside a people the
         lists name, "hate" counts from the card's higher `hate_with_group`: a Muslim family at Eid
         is not an attack."""
@@ -185,8 +191,11 @@ class PromptPolicy:
         if kinds.get("sexual_minors", {}).get("minors") and probs.get("sexual", 0.0) >= limits.get("sexual_with_minor", 2.0):
             over.add("sexual")  # a minor is named: the minors rule comes first, as a weak listed term does
         for category in over:
-            if not any(kinds.get(category, {}).get(k) for k in lists.SCORING):
+            found = kinds.get(category, {})
+            if not any(found.get(k) for k in lists.SCORING):
                 kinds[category]["contextual"].add(("<learned>",))
+            elif not found.get("strong") and not found.get("contextual") and probs[category] >= LEARNED_WITH_WEAK:
+                kinds[category]["weak"].add(("<learned>",))
 
     def _scan(self, ws: Words, exempt: _Index, index: _Index, kinds: dict[str, dict[str, set[tuple]]],
               keys: list[str]) -> set[int]:
