@@ -12,8 +12,7 @@ A set is JSON lines: {"cat": sexual | sexual_minors | violence | hate | self_har
 "lang": a language code, "tags": [...], "prompt": ...}. The project's own set is
 tests/safety/data/prompts.jsonl, written with the lists; heldout-1, heldout-2 and the folders
 heldout-3, heldout-4 and heldout-5 (nineteen languages) were written apart from them. All six run
-by default;
-`--set` for another.
+by default; `--set` for another.
 detoxify needs a trained checkpoint (`--detoxify-checkpoint`, offline form: `dit-worker
 detoxify-offline`): random weights would measure nothing, so without one it is left out.
 """

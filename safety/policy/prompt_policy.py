@@ -176,12 +176,11 @@ class PromptPolicy:
         there) when the model's probability reaches its threshold; one in which they found only
         weak terms gets one more weak term when the probability also reaches `LEARNED_WITH_WEAK`
         (so a weak term and a sure model together refuse, unless the benign context cancels weak
-        terms); where they found a strong or contextual term, they
-        decide. It reads the words no exempt phrase hid ("Al Gore" is not gore). Fewer than
-        `LEARNED_MIN_WORDS` words tell it too little: a style word
-        alone ("poster") leans on what the training prompts around it were. Beside a people the
-        lists name, "hate" counts from the card's higher `hate_with_group`: a Muslim family at Eid
-        is not an attack."""
+        terms); where they found a strong or contextual term, they decide. It reads the words no
+        exempt phrase hid ("Al Gore" is not gore). Fewer than `LEARNED_MIN_WORDS` words tell it too
+        little: a style word alone ("poster") leans on what the training prompts around it were.
+        Beside a people the lists name, "hate" counts from the card's higher `hate_with_group`: a
+        Muslim family at Eid is not an attack."""
         if len(words) < LEARNED_MIN_WORDS:
             return
         probs = self._learned.probabilities(words)
