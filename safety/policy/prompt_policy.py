@@ -167,23 +167,27 @@ class PromptPolicy:
         if self._minor_age(text):
             kinds["sexual_minors"]["minors"].add(("<age>",))
         if self._learned is not None:
-            self._learn([w for i, w in enumerate(ws.words) if i not in hidden], kinds)
+            visible = [w for i, w in enumerate(ws.words) if i not in hidden]
+            # The meaning is read from the prompt as written, or, where an exempt phrase hid words,
+            # from the words left as the lists read them: "head cut off by the frame" is framing.
+            self._learn(visible, " ".join(visible) if hidden else prompt, kinds)
         return Found({c: {k: len(v) for k, v in ks.items()} for c, ks in kinds.items()})
 
-    def _learn(self, words: list[str], kinds: dict[str, dict[str, set[tuple]]]) -> None:
+    def _learn(self, words: list[str], text: str, kinds: dict[str, dict[str, set[tuple]]]) -> None:
         """The learned layer, for what the lists have no words for: a category in which the lists
         found no term gets one contextual term (strong, unless the category's benign context is
         there) when the model's probability reaches its threshold; one in which they found only
         weak terms gets one more weak term when the probability also reaches `LEARNED_WITH_WEAK`
         (so a weak term and a sure model together refuse, unless the benign context cancels weak
         terms); where they found a strong or contextual term, they decide. It reads the words no
-        exempt phrase hid ("Al Gore" is not gore). Fewer than `LEARNED_MIN_WORDS` words tell it too
-        little: a style word alone ("poster") leans on what the training prompts around it were.
+        exempt phrase hid ("Al Gore" is not gore), and `text` for its meaning. Fewer than
+        `LEARNED_MIN_WORDS` words tell it too little: a style word alone ("poster") leans on what
+        the training prompts around it were.
         Beside a people the lists name, "hate" counts from the card's higher `hate_with_group`: a
         Muslim family at Eid is not an attack."""
         if len(words) < LEARNED_MIN_WORDS:
             return
-        probs = self._learned.probabilities(words)
+        probs = self._learned.probabilities(words, text)
         limits = self._learned.thresholds
         named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
         over = {c for c, p in probs.items() if p >= limits.get(named.get(c, c), 2.0)}

@@ -12,15 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from safety.config import PolicyConfig
 from safety.policy import lists
 from safety.policy.prompt_policy import PromptPolicy
-from safety.policy.learned import CARD, WEIGHTS, LearnedLayer
+from safety.policy.learned import CARD, TOKENIZER, WEIGHTS, LearnedLayer
 from safety.verdicts import SafetyLoadError
 from launch.local import REPO
-from release import policy_forms, policy_train
+from release import policy_forms, policy_teacher, policy_train
 
 SHIPPED = lists.shipped_dir()
 MEASURED = Path(__file__).resolve().parents[1] / "data"
@@ -81,6 +82,7 @@ def test_the_learned_layer_was_built_from_these_prompts_lists_and_code():
     card = json.loads((SHIPPED / CARD).read_text())
     assert card["policy_digest"] == lists.load(("en",)).digest, "stale lists: `make policy-model`"
     assert card["trained_on"]["digest"] == policy_train.data_digest(), "stale prompts: `make policy-model`"
+    assert card["trained_on"]["teacher"] == policy_train.teacher_digest(), "stale teacher: `make policy-model`"
     assert card["built_by"] == policy_train.code_digest(), "stale code: `make policy-model`"
 
 
@@ -101,15 +103,59 @@ def test_a_build_gives_the_same_bytes_in_another_process(tmp_path):
     subprocess.run([sys.executable, "-m", "release.policy_train", "--out", str(there), "--training", str(sample)],
                    cwd=REPO, check=True, capture_output=True, timeout=300,
                    env={**os.environ, "PYTHONHASHSEED": "12345"})
-    for name in (CARD, WEIGHTS):
+    for name in (CARD, WEIGHTS, TOKENIZER):
         assert (here / name).read_bytes() == (there / name).read_bytes(), f"{name} is not reproducible"
+
+
+def test_the_teacher_embedded_every_training_prompt_as_it_is_now():
+    """`make policy-teacher` after any change to the training prompts: the teacher's card names the
+    digest of each file of prompts it embedded, and each prompt has its embedding."""
+    assert policy_teacher.stale() == [], "stale teacher embeddings: run `make policy-teacher`"
+    rows = policy_train.read() + policy_train.read(policy_train.TRAINING / "held-back")
+    assert policy_train.teacher_embeddings(rows).shape == (len(rows), policy_teacher.read_card()["dims"])
+
+
+def test_a_pruned_tokenizer_cuts_its_prompts_as_the_whole_one_does():
+    """Pruning keeps every piece the prompts are cut into, so they are cut the same way; the
+    committed tokenizer (pruned from the teacher's 250,002 pieces) stands in for the whole one."""
+    from tokenizers import Tokenizer
+
+    from safety.policy.learned import PREFIX
+
+    whole = json.loads((policy_train.TEACHER / policy_train.TEACHER_TOKENIZER).read_text(encoding="utf-8"))
+    prompts = [r["prompt"] for r in policy_train.read()][::40]
+    pruned = Tokenizer.from_str(json.dumps(policy_teacher.pruned_tokenizer(whole, prompts)))
+    reference = Tokenizer.from_str(json.dumps(whole))
+    assert pruned.get_vocab_size() < reference.get_vocab_size() / 3
+    for p in prompts:
+        assert pruned.encode(PREFIX + p, add_special_tokens=False).tokens == \
+            reference.encode(PREFIX + p, add_special_tokens=False).tokens, p
+
+
+def test_the_teachers_embeddings_keep_their_values_in_int8():
+    rng = np.random.default_rng(0)
+    e = rng.normal(size=(50, 384)).astype(np.float32)
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    q, scale = policy_teacher.quantise(e)
+    assert q.dtype == np.int8 and np.abs(q.astype(np.float32) * scale[:, None] - e).max() <= scale.max() / 2 + 1e-7
+
+
+def test_a_changed_file_of_prompts_makes_its_embeddings_stale(tmp_path):
+    training = tmp_path / "training"
+    shutil.copytree(policy_train.TRAINING, training)
+    assert policy_teacher.stale(training, training / "teacher") == []
+    with (training / "written-1.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"cat": "benign", "lang": "en", "tags": [], "prompt": "a heron at dusk"}) + "\n")
+    assert policy_teacher.stale(training, training / "teacher") == ["written-1.jsonl"]
+    with pytest.raises(SystemExit, match="no teacher embedding for 1 training prompts .*make policy-teacher"):
+        policy_train.teacher_embeddings(policy_train.read(training), training / "teacher")
 
 
 def test_a_missing_or_stale_learned_layer_stops_start_up(tmp_path):
     digest = lists.load(("en",)).digest
     with pytest.raises(SafetyLoadError, match=r"safety.text.policy.learned: no learned layer in .*make policy-model"):
         LearnedLayer.load(tmp_path, digest)
-    for name in (CARD, WEIGHTS):
+    for name in (CARD, WEIGHTS, TOKENIZER):
         shutil.copy(SHIPPED / name, tmp_path / name)
     assert LearnedLayer.load(tmp_path, digest).version
     with pytest.raises(SafetyLoadError, match=r"built for the policy sha256:\w+, not sha256:0"):
@@ -139,10 +185,19 @@ def policy():
 
 def test_the_learned_layer_loads_and_scores(policy):
     layer = LearnedLayer.load(SHIPPED, policy.lexicon.digest)
-    probs = layer.probabilities(["a", "lighthouse", "on", "a", "cliff", "at", "dawn"])
+    probs = layer.probabilities(["a", "lighthouse", "on", "a", "cliff", "at", "dawn"], "a lighthouse on a cliff at dawn")
     assert abs(sum(probs.values()) - 1) < 1e-5 and max(probs, key=probs.get) == "benign"
     assert "learned layer" in policy.describe()
     assert "learned layer OFF" in PromptPolicy.load(PolicyConfig(learned=False)).describe()
+
+
+def test_the_meaning_table_reproduces_the_teacher_on_prompts_it_was_not_fitted_on():
+    """The build reads each training prompt's meaning with a table fitted without its fold and
+    records how near that lies to the teacher's embedding (mean cosine): a change that loses what
+    the teacher says (fewer pieces, a broken fit) fails here, without the teacher installed."""
+    card = json.loads((SHIPPED / CARD).read_text())
+    assert card["table"]["out_of_fold_cosine"] >= 0.9, card["table"]
+    assert card["table"]["pieces"] == json.loads((policy_train.TEACHER / "card.json").read_text())["tokenizer"]["pieces"]
 
 
 @pytest.mark.parametrize("lang, frame", [("it", "una fotografia di {} sulla spiaggia, luce del tramonto"),
