@@ -309,7 +309,8 @@ def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING, 
                "table_weight": w[hashed:].astype(np.float32)}, str(out_dir / WEIGHTS))
     (out_dir / TOKENIZER).write_bytes((teacher / TEACHER_TOKENIZER).read_bytes())
     card = {
-        "version": data_digest(folder)[7:15],
+        # The layer changes with its prompts and with their embeddings: its version names both.
+        "version": hashlib.sha256((data_digest(folder) + teacher_digest(teacher)).encode()).hexdigest()[:8],
         "policy_digest": lists.load(("en",)).digest,  # the manifest's: lists, forms and these prompts
         "classes": [CLASSES[i] for i in model.classes_],
         "thresholds": thresholds(x, y, fold_models, max_false, minors, groups),
