@@ -9,7 +9,8 @@
 # simplemma alone is 19 MiB, and a call carries 64 MiB in all.) Then one device call per group, e.g.
 #   bash bench/remote/gpu_session.sh "main 240 --phases optimised --profile" "fp8 400 --phases optimised --set speed.fp8=true"
 # carrying .whl and the policy's learned layer, which `make policy-model` built here and git ignores
-# (safety/policy/lists/learned.json and learned.safetensors): without it rank 0 refuses to start.
+# (safety/policy/lists/learned.json, learned.safetensors and learned.tokenizer.json, 17 MB): without
+# it rank 0 refuses to start.
 # Each argument is NAME LIMIT_S BENCH_ARGS...; the bench runs the full-size FLUX.1-schnell
 # architecture with random weights at --size (default 1360x768), 16 images, one compile cache for
 # every run of the machine (it survives between calls while the machine is warm).

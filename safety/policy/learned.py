@@ -9,7 +9,7 @@ words or languages land near each other. Softmax over benign and the categories 
 prompts hold (sexual content with minors is the lists' rule, not a class here); how a probability
 counts in the policy is the engine's (PromptPolicy._learn).
 
-The weights and the table (safety/policy/lists/learned.safetensors), the table's tokenizer
+The weights and the table (safety/policy/lists/learned.safetensors; the table in int8), the table's tokenizer
 (learned.tokenizer.json) and their card (learned.json: classes, thresholds, feature settings, the
 policy digest it was built for) are built at install by `make policy-model`
 (release/policy_train.py) from the labelled prompts in safety/policy/training/ and the teacher's
@@ -71,9 +71,9 @@ class MeaningTable:
     (release/policy_train.py). A prompt's meaning is that mean, scaled to unit length; pieces the
     table never saw count as nothing. The same code reads the prompts at training and at serving."""
 
-    def __init__(self, tokenizer, vectors: np.ndarray, center: np.ndarray, weights: np.ndarray, scale: float,
-                 full_words: int) -> None:
-        self.tokenizer, self.vectors, self.center = tokenizer, vectors, center
+    def __init__(self, tokenizer, vectors: np.ndarray, piece_scale: np.ndarray, center: np.ndarray,
+                 weights: np.ndarray, scale: float, full_words: int) -> None:
+        self.tokenizer, self.vectors, self.piece_scale, self.center = tokenizer, vectors, piece_scale, center
         self.weights, self.scale, self.full_words = weights, scale, full_words  # the classifier's, for the meaning
 
     @staticmethod
@@ -97,7 +97,8 @@ class MeaningTable:
     def meaning(self, text: str) -> np.ndarray:
         """The prompt's mean piece vector at unit length, less the training prompts' mean."""
         ids = self.piece_ids(self.tokenizer, text)
-        v = self.vectors[ids].astype(np.float32).mean(axis=0) if ids else np.zeros(self.vectors.shape[1], np.float32)
+        v = ((self.vectors[ids] * self.piece_scale[ids, None]).mean(axis=0) if ids
+             else np.zeros(self.vectors.shape[1], np.float32))
         return v / max(float(np.linalg.norm(v)), 1e-6) - self.center
 
     def logits(self, text: str, words: int) -> np.ndarray:
@@ -139,7 +140,8 @@ class LearnedLayer:
             dense = np.zeros((1 << features.bits, len(card["classes"])), dtype=np.float32)
             dense[tensors["index"]] = tensors["weight"].astype(np.float32)
             thresholds = dict(card["thresholds"])
-            table = MeaningTable(MeaningTable.read_tokenizer(tokenizer_path), tensors["table"], tensors["table_center"],
+            table = MeaningTable(MeaningTable.read_tokenizer(tokenizer_path), tensors["table"],
+                                 tensors["table_piece_scale"], tensors["table_center"],
                                  tensors["table_weight"].astype(np.float32), float(card["table"]["scale"]),
                                  int(card["table"]["full_words"]))
         except Exception as e:  # what numpy, safetensors and tokenizers raise on a broken file (tokenizers: plain Exception)
