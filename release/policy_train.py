@@ -24,6 +24,7 @@ records the digest of what it was trained on, and the tests check that no measur
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRAINING = REPO / "safety" / "policy" / "training"
 TEACHER = TRAINING / "teacher"  # release/policy_teacher.py writes it: embeddings, its card, the tokenizer
 TEACHER_TOKENIZER = "tokenizer.json"
+EMBEDDINGS = "*.e5.jsonl"  # one file per file of prompts (release/policy_teacher.py writes them)
 # The code that shapes the bytes (the Makefile rebuilds when one changes; the card records their
 # digest, and the tests compare it with the checkout's). The lists and forms are in the policy digest.
 SOURCES = ("release/policy_train.py", "safety/policy/learned.py", "safety/policy/normalize.py",
@@ -124,13 +126,12 @@ def teacher_digest(teacher: Path = TEACHER) -> str:
 def teacher_embeddings(rows: list[dict], teacher: Path = TEACHER) -> np.ndarray:
     """The teacher's embedding of each prompt, by the prompt's hash; a prompt it never embedded
     stops the build."""
-    from safetensors.numpy import load_file
-
     known: dict[int, np.ndarray] = {}
-    for path in sorted(teacher.glob("*.safetensors")):
-        t = load_file(str(path))
-        e = t["embedding"].astype(np.float32) * t["scale"][:, None]
-        known.update(zip(t["key"].tolist(), e))
+    for path in sorted(teacher.glob(EMBEDDINGS)):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            d = json.loads(line)
+            known[d["key"]] = np.frombuffer(base64.b64decode(d["e5"]), dtype=np.int8).astype(np.float32) \
+                * np.float32(d["scale"])
     missing = [r["prompt"] for r in rows if teacher_key(r["prompt"]) not in known]
     if missing:
         raise SystemExit(f"{teacher}: no teacher embedding for {len(missing)} training prompts (first: "

@@ -18,7 +18,7 @@ import pytest
 from safety.config import PolicyConfig
 from safety.policy import lists
 from safety.policy.prompt_policy import PromptPolicy
-from safety.policy.learned import CARD, TOKENIZER, WEIGHTS, LearnedLayer
+from safety.policy.learned import CARD, TOKENIZER, WEIGHTS, LearnedLayer, teacher_key
 from safety.verdicts import SafetyLoadError
 from launch.local import REPO
 from release import policy_forms, policy_teacher, policy_train
@@ -132,12 +132,17 @@ def test_a_pruned_tokenizer_cuts_its_prompts_as_the_whole_one_does():
             reference.encode(PREFIX + p, add_special_tokens=False).tokens, p
 
 
-def test_the_teachers_embeddings_keep_their_values_in_int8():
+def test_the_teachers_embeddings_keep_their_values_in_int8_through_their_file(tmp_path):
     rng = np.random.default_rng(0)
     e = rng.normal(size=(50, 384)).astype(np.float32)
     e /= np.linalg.norm(e, axis=1, keepdims=True)
     q, scale = policy_teacher.quantise(e)
     assert q.dtype == np.int8 and np.abs(q.astype(np.float32) * scale[:, None] - e).max() <= scale.max() / 2 + 1e-7
+    rows = [{"prompt": f"prompt {i}"} for i in range(len(e))]
+    keys = np.array([teacher_key(r["prompt"]) for r in rows], dtype=np.int64)
+    policy_teacher.write_embeddings(tmp_path / "x.e5.jsonl", keys, q, scale)
+    read = policy_train.teacher_embeddings(rows, tmp_path)
+    assert np.array_equal(read, (q.astype(np.float32) * scale[:, None]).astype(np.float64))
 
 
 def test_a_changed_file_of_prompts_makes_its_embeddings_stale(tmp_path):
