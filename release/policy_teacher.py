@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from release.policy_train import TEACHER, TEACHER_TOKENIZER, TRAINING
+from release.policy_train import TEACHER, TEACHER_TOKENIZER, TRAINING, quantise
 from safety.policy.learned import PREFIX, teacher_key
 
 CARD = "card.json"
@@ -62,11 +62,6 @@ def stale(folder: Path = TRAINING, out: Path = TEACHER) -> list[str]:
     files = read_card(out)["files"]
     return [name_of(p, folder) for p in prompt_files(folder)
             if files.get(name_of(p, folder), {}).get("digest") != file_digest(p)]
-
-
-def quantise(e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    scale = np.maximum(np.abs(e).max(axis=1), 1e-12) / 127.0
-    return np.round(e / scale[:, None]).clip(-127, 127).astype(np.int8), scale.astype(np.float32)
 
 
 def embed(prompts: list[str], threads: int) -> np.ndarray:

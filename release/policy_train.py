@@ -183,12 +183,18 @@ def distil(a, targets: np.ndarray) -> np.ndarray:
         return w
 
 
+def quantise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row as int8 with one scale (its largest magnitude / 127): the teacher's embeddings and
+    the table alike."""
+    scale = np.maximum(np.abs(x).max(axis=1), 1e-12) / 127.0
+    return np.round(x / scale[:, None]).clip(-127, 127).astype(np.int8), scale.astype(np.float32)
+
+
 def quantised_table(table: np.ndarray) -> dict[str, np.ndarray]:
     """The table as int8, one scale per piece: 15 MB for 38,011 pieces, where float16 took 29 (a
     lent GPU's call carries 64 MB in all, the wheels included)."""
-    scale = np.maximum(np.abs(table).max(axis=1), 1e-12) / 127.0
-    return {"table": np.round(table / scale[:, None]).clip(-127, 127).astype(np.int8),
-            "table_piece_scale": scale.astype(np.float32)}
+    q, scale = quantise(table)
+    return {"table": q, "table_piece_scale": scale}
 
 
 def meanings(a, table: np.ndarray) -> np.ndarray:

@@ -136,7 +136,7 @@ def test_the_teachers_embeddings_keep_their_values_in_int8_through_their_file(tm
     rng = np.random.default_rng(0)
     e = rng.normal(size=(50, 384)).astype(np.float32)
     e /= np.linalg.norm(e, axis=1, keepdims=True)
-    q, scale = policy_teacher.quantise(e)
+    q, scale = policy_train.quantise(e)
     assert q.dtype == np.int8 and np.abs(q.astype(np.float32) * scale[:, None] - e).max() <= scale.max() / 2 + 1e-7
     rows = [{"prompt": f"prompt {i}"} for i in range(len(e))]
     keys = np.array([teacher_key(r["prompt"]) for r in rows], dtype=np.int64)
