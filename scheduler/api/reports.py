@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
-from protocol import FINAL_STATUSES, Report, ReportBatch, ReportOutcome, ReportOutcomes, TaskView
+from protocol import FINAL_STATUSES, Report, ReportBatch, ReportOutcome, ReportOutcomes, TaskReport, TaskView
 from scheduler.api.answer import Answer
 from scheduler.api.auth import worker_auth
 from scheduler.api.deps import ServicesDep
@@ -24,8 +24,13 @@ async def report_batch(body: ReportBatch, svc: ServicesDep) -> Response:
 
 async def report_many(svc: Services, body: ReportBatch) -> Answer:
     """The outcome of each report, in the order given."""
+    return Answer.of(ReportOutcomes(results=await applied(svc, body.reports)))
+
+
+async def applied(svc: Services, reports: list[TaskReport]) -> list[ReportOutcome]:
+    """Each report applied on its own, atomically, in order, counted and announced; its outcome."""
     metrics, waiters, watch = svc.metrics, svc.waiters, svc.watch
-    items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in body.reports]
+    items = [(r.task_id, Report(**r.model_dump(exclude={"task_id"}))) for r in reports]
     outcomes = await svc.store.reports.areport_many(items)
     results = []
     for (task_id, rep), out in zip(items, outcomes):
@@ -37,7 +42,7 @@ async def report_many(svc: Services, body: ReportBatch) -> Answer:
     if requeued := sum(r.task is not None and r.task.status == "queued" for r in results):
         waiters.notify(requeued)
     watch.ended(task_id for (task_id, _), out in zip(items, outcomes) if _ended(out))
-    return Answer.of(ReportOutcomes(results=results))
+    return results
 
 
 @router.post("/v1/tasks/{task_id}/report", response_model=TaskView,

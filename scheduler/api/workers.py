@@ -65,8 +65,15 @@ async def lease(worker_id: str, body: LeaseRequest, request: Request, svc: Servi
 
 async def lease_for(svc: Services, worker_id: str, body: LeaseRequest, request: Request) -> Answer:
     """Up to max_tasks leases, waiting up to wait_s for work; 204 when none came."""
+    got = await _claimed(svc, worker_id, body.max_tasks, body.wait_s, body.resident, request)
+    return Answer.of(LeaseResponse(leases=got)) if got else Answer(204)
+
+
+async def _claimed(svc: Services, worker_id: str, max_tasks: int, wait_s: float, resident: list[str] | None,
+                   request: Request) -> list[Lease]:
+    """Up to max_tasks leases, waiting up to wait_s for work; none given to a caller that has left."""
     claims, waiters, metrics = svc.store.claims, svc.waiters, svc.metrics
-    got = await waiters.poll(lambda: claims.aclaim(worker_id, body.max_tasks, body.resident), body.wait_s,
+    got = await waiters.poll(lambda: claims.aclaim(worker_id, max_tasks, resident), wait_s,
                              request.is_disconnected)
     if got and await request.is_disconnected():
         # Its worker gave up on the long poll (a timeout, a restart) while the claim ran: nobody
@@ -74,12 +81,11 @@ async def lease_for(svc: Services, worker_id: str, body: LeaseRequest, request: 
         await give_back(worker_id, got, svc.store.reports)
         metrics.leases_given_back.inc(len(got))
         waiters.notify(len(got))
-        got = []
-    if not got:
-        return Answer(204)
-    svc.gate.load.taken(len(got))
-    metrics.leases.inc(len(got))
-    return Answer.of(LeaseResponse(leases=got))
+        return []
+    if got:
+        svc.gate.load.taken(len(got))
+        metrics.leases.inc(len(got))
+    return got
 
 
 async def give_back(worker_id: str, got: list[Lease], reports: Reports) -> None:

@@ -60,9 +60,7 @@ class SQLClaims:
         if not rows:
             check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
-        return [Lease(task_id=r["id"], input=json.loads(r["input"]), created_at=r["created_at"],
-                      lease_token=r["lease_token"], lease_deadline=deadline, lease_ttl_s=store.lease_ttl_s,
-                      attempt=r["attempts"], model=r["model"]) for r in rows]
+        return [_lease(r, deadline, store.lease_ttl_s) for r in rows]
 
     def _routed(self, worker_id: str, max_tasks: int, resident: list[str] | None) -> Plan:
         """What the worker serves (updated first when its lease says what it holds now), the head
@@ -93,6 +91,12 @@ class SQLClaims:
         if got and not mine[model]:
             yield Write(UPSERT_MODEL, (worker_id, model, 1, now))
         return got
+
+
+def _lease(row, deadline: float, ttl_s: float) -> Lease:
+    return Lease(task_id=row["id"], input=json.loads(row["input"]), created_at=row["created_at"],
+                 lease_token=row["lease_token"], lease_deadline=deadline, lease_ttl_s=ttl_s,
+                 attempt=row["attempts"], model=row["model"])
 
 
 def _heads(index: str, models: list[str]) -> tuple[str, tuple]:
