@@ -392,6 +392,10 @@ class Report(_Strict):
     status: ReportStatus
     result: TaskResult | None = None
     error: ErrorEnvelope | None = None
+    at: float | None = Field(None, description=(
+        "when the worker did what it reports (its clock, Unix seconds): a `processing` report sent "
+        "later than the start, in an exchange, sets the task's `started_at` to it (never later than "
+        "the scheduler's now, nor earlier than the task's creation); absent: when the scheduler hears"))
 
     @model_validator(mode="after")
     def _payload_matches_status(self) -> "Report":
@@ -417,6 +421,26 @@ class ReportBatch(_Strict):
     reports: list[TaskReport] = Field(min_length=1, max_length=256)
 
 
+class Exchange(_Strict):
+    """POST /v1/workers/{wid}/exchange: a worker's one call per task in steady state. It carries the
+    reports since its last call (results, and the `processing` notes of the tasks it admitted, each
+    with its own `at`) and its request for more tasks; the answer carries each report's outcome,
+    the new leases (long-polling as a lease does) and the cancel notices of the tasks it holds."""
+
+    exchange_id: Id = Field(description=(
+        "the worker's name for this exchange, the same on each of its retries: tasks claimed for it "
+        "are answered again to a retry rather than claimed twice"))
+    retry: bool = Field(False, description="a retry of an exchange whose answer did not arrive")
+    reports: list[TaskReport] = Field([], max_length=256)
+    held: list[Id] = Field([], max_length=MAX_IN_FLIGHT, description=(
+        "the tasks it holds whose final report is not in this call: the answer's `cancelled` names "
+        "those a client cancelled"))
+    max_tasks: int = Field(0, ge=0, le=256, description="new tasks wanted; 0: none")
+    wait_s: float = Field(0.0, ge=0.0, le=60.0, description="long-poll: wait this long for new tasks")
+    resident: list[ModelId] | None = Field(None, max_length=MAX_MODELS, description=(
+        "the models it holds resident now; absent: as it last said"))
+
+
 class ReportOutcome(_Strict):
     task_id: str
     status_code: int = Field(description="what POST /v1/tasks/{id}/report would answer: 200, 404 or 409")
@@ -426,3 +450,11 @@ class ReportOutcome(_Strict):
 
 class ReportOutcomes(_Strict):
     results: list[ReportOutcome]
+
+
+class Exchanged(_Strict):
+    results: list[ReportOutcome] = Field(description="each report's outcome, in the order sent")
+    leases: list[Lease] = Field(description="new tasks (to a retry: those claimed for its exchange_id)")
+    cancelled: list[str] = Field(description=(
+        "held ids a client cancelled: drop them if not started, discard their results if started, "
+        "and report them `failed` with code `cancelled`"))

@@ -1,4 +1,4 @@
-"""The four calls a fleet makes per task (submit, lease, heartbeat, report), served as raw ASGI in front
+"""The calls a fleet makes per task (submit, exchange; lease, heartbeat, report), served as raw ASGI in front
 of FastAPI when they take the happy path's shape: a JSON body that validates and a token the routes'
 check admits. Each runs the route's own function (the same admission, store calls, metrics and
 answer bytes); this path only skips FastAPI's per-request machinery (dependency solving, request
@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.routing import Match
 
-from protocol import Heartbeat, LeaseRequest, Report, ReportBatch, SubmitTask
+from protocol import Exchange, Heartbeat, LeaseRequest, Report, ReportBatch, SubmitTask
 from scheduler.api import reports, tasks, workers
 from scheduler.api.answer import Answer
 from scheduler.api.auth import admits, bearer_credentials
@@ -54,6 +54,8 @@ HOT = (
     Hot("/v1/tasks/{task_id}/report", Report, "worker_tokens",
         lambda svc, _req, p, body: reports.report_one(svc, p["task_id"], body)),
     Hot("/v1/reports", ReportBatch, "worker_tokens", lambda svc, _req, _p, body: reports.report_many(svc, body)),
+    Hot("/v1/workers/{worker_id}/exchange", Exchange, "worker_tokens",
+        lambda svc, req, p, body: workers.exchange_of(svc, p["worker_id"], body, req)),
 )
 
 

@@ -9,6 +9,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from protocol import (
+    Exchange,
+    Exchanged,
     Heartbeat,
     HeartbeatReply,
     Lease,
@@ -20,6 +22,7 @@ from protocol import (
     Report,
     WorkerView,
 )
+from scheduler.api import reports
 from scheduler.api.answer import Answer
 from scheduler.api.auth import client_auth, reader_auth, worker_auth
 from scheduler.api.deps import GateDep, ServicesDep, StoreDep, WaitersDep, WorkersDep
@@ -69,11 +72,33 @@ async def lease_for(svc: Services, worker_id: str, body: LeaseRequest, request: 
     return Answer.of(LeaseResponse(leases=got)) if got else Answer(204)
 
 
+@router.post("/v1/workers/{worker_id}/exchange", response_model=Exchanged, dependencies=auth, responses={404: {}})
+async def exchange(worker_id: str, body: Exchange, request: Request, svc: ServicesDep) -> Response:
+    return (await exchange_of(svc, worker_id, body, request)).response()
+
+
+async def exchange_of(svc: Services, worker_id: str, body: Exchange, request: Request) -> Answer:
+    """A worker's reports applied (each as POST /v1/reports would), the cancel notices of what it
+    holds, then its new leases: to a retry, those its exchange claimed first if it still holds them,
+    else a claim (long-polling up to wait_s), tagged with its exchange_id."""
+    store = svc.store
+    results = await reports.applied(svc, body.reports) if body.reports else []
+    cancelled = await store.acall(store.claims.cancelled_among, worker_id, body.held) if body.held else []
+    got: list[Lease] = []
+    if body.retry and body.max_tasks:
+        got = await store.acall(store.claims.claimed, worker_id, body.exchange_id)
+    if body.max_tasks and not got:
+        got = await _claimed(svc, worker_id, body.max_tasks, body.wait_s, body.resident, request, body.exchange_id)
+    elif not body.max_tasks and not body.reports:
+        await store.acall(store.workers.known, worker_id)  # 404 to a worker the scheduler does not know
+    return Answer.of(Exchanged(results=results, leases=got, cancelled=cancelled))
+
+
 async def _claimed(svc: Services, worker_id: str, max_tasks: int, wait_s: float, resident: list[str] | None,
-                   request: Request) -> list[Lease]:
+                   request: Request, claim_id: str | None = None) -> list[Lease]:
     """Up to max_tasks leases, waiting up to wait_s for work; none given to a caller that has left."""
     claims, waiters, metrics = svc.store.claims, svc.waiters, svc.metrics
-    got = await waiters.poll(lambda: claims.aclaim(worker_id, max_tasks, resident), wait_s,
+    got = await waiters.poll(lambda: claims.aclaim(worker_id, max_tasks, resident, claim_id), wait_s,
                              request.is_disconnected)
     if got and await request.is_disconnected():
         # Its worker gave up on the long poll (a timeout, a restart) while the claim ran: nobody

@@ -87,6 +87,9 @@ class Workers(Protocol):
 
     def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply: ...
 
+    def known(self, worker_id: str) -> None:
+        """Unknown unless the worker is registered and has not drained."""
+
     def workers(self) -> list[WorkerView]: ...
 
     def fleet_limits(self) -> list[WorkerLimits | None]:
@@ -97,12 +100,20 @@ class Workers(Protocol):
 class Claims(Protocol):
     """Claims and leases."""
 
-    def claim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]:
+    def claim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None,
+              claim_id: str | None = None) -> list[Lease]:
         """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO; on a
         fleet of several models, of one model, routed (routing.py). `resident`: the models the
-        worker holds now, when its lease says."""
+        worker holds now, when its lease says. `claim_id`: the exchange claiming, recorded on each."""
 
-    async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]: ...
+    async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None,
+                     claim_id: str | None = None) -> list[Lease]: ...
+
+    def claimed(self, worker_id: str, claim_id: str) -> list[Lease]:
+        """The leases claimed under `claim_id` (an exchange's id) that the worker holds unstarted."""
+
+    def cancelled_among(self, worker_id: str, task_ids: list[str]) -> list[str]:
+        """Which of the tasks the worker holds a client cancelled."""
 
 
 class Reports(Protocol):

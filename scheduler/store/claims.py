@@ -14,7 +14,7 @@ from protocol import Lease, RegistrationStatus
 from scheduler import leases
 from scheduler.store import routing
 from scheduler.store.database import Database
-from scheduler.store.lifecycle import TAKING, sources, status_in
+from scheduler.store.lifecycle import TAKING, lease_held, sources, status_in
 from scheduler.store.plans import Plan, Read, Write, WriteEach
 from scheduler.store.workers import check_registration
 
@@ -28,18 +28,38 @@ class SQLClaims:
     def __init__(self, store: Database) -> None:
         self._store = store
 
-    def claim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]:
-        return self._store._run(self._plan(worker_id, max_tasks, resident))
+    def claim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None,
+              claim_id: str | None = None) -> list[Lease]:
+        return self._store._run(self._plan(worker_id, max_tasks, resident, claim_id))
 
-    async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None) -> list[Lease]:
-        return await self._store._aclaims(self._plan(worker_id, max_tasks, resident))
+    async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None,
+                     claim_id: str | None = None) -> list[Lease]:
+        return await self._store._aclaims(self._plan(worker_id, max_tasks, resident, claim_id))
 
-    def _plan(self, worker_id: str, max_tasks: int, resident: list[str] | None) -> Plan:
+    def claimed(self, worker_id: str, claim_id: str) -> list[Lease]:
+        """The leases an exchange named `claim_id` claimed that its worker still holds unstarted:
+        what a retry of that exchange is answered (its first answer may never have arrived)."""
+        held, args = lease_held(worker_id, self._store.clock())
+        rows = self._store._read().execute(
+            f"SELECT id, input, created_at, lease_token, lease_deadline, attempts, priority, seq, model FROM tasks"
+            f" WHERE {held} AND status = 'leased' AND claim_id = ? ORDER BY priority DESC, seq",
+            (*args, claim_id)).fetchall()
+        return [_lease(r, r["lease_deadline"], self._store.lease_ttl_s) for r in rows]
+
+    def cancelled_among(self, worker_id: str, task_ids: list[str]) -> list[str]:
+        """Which of the tasks `worker_id` holds a client cancelled."""
+        in_ids, ids = self._store._ids(task_ids)
+        rows = self._store._read().execute(
+            f"SELECT id FROM tasks WHERE {in_ids} AND worker_id = ? AND cancel_requested_at IS NOT NULL",
+            (ids, worker_id)).fetchall()
+        return sorted(r["id"] for r in rows)
+
+    def _plan(self, worker_id: str, max_tasks: int, resident: list[str] | None, claim_id: str | None) -> Plan:
         if self._store.models:
-            return self._routed(worker_id, max_tasks, resident)
-        return self._claim(worker_id, max_tasks)
+            return self._routed(worker_id, max_tasks, resident, claim_id)
+        return self._claim(worker_id, max_tasks, claim_id=claim_id)
 
-    def _claim(self, worker_id: str, max_tasks: int, model: str | None = None) -> Plan:
+    def _claim(self, worker_id: str, max_tasks: int, model: str | None = None, claim_id: str | None = None) -> Plan:
         """Atomically lease up to `max_tasks` queued tasks (of `model` alone, when given), highest
         priority first, then FIFO: one UPDATE ... RETURNING, one round trip. Tokens are fresh random
         values made by the database (fencing tokens: a report also needs the worker's id and bearer
@@ -51,18 +71,18 @@ class SQLClaims:
             (store.MODEL_QUEUE_INDEX, " AND model = ?", (model,))
         rows = yield Write(
             f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
-            f" lease_token = {store.TOKEN_SQL}, lease_deadline = ?, updated_at = ?"
+            f" lease_token = {store.TOKEN_SQL}, lease_deadline = ?, updated_at = ?, claim_id = ?"
             f" WHERE id IN (SELECT id FROM tasks{queue} WHERE {CLAIMABLE}{of_model} ORDER BY priority DESC, seq"
             f" LIMIT ?{store.SKIP_LOCKED}) AND EXISTS"
             f" (SELECT 1 FROM workers WHERE id = ? AND status != '{RegistrationStatus.DRAINED}')"
             f" RETURNING id, input, created_at, lease_token, attempts, priority, seq, model",
-            (worker_id, deadline, now, *args, max_tasks, worker_id))
+            (worker_id, deadline, now, claim_id, *args, max_tasks, worker_id))
         if not rows:
             check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
         return [_lease(r, deadline, store.lease_ttl_s) for r in rows]
 
-    def _routed(self, worker_id: str, max_tasks: int, resident: list[str] | None) -> Plan:
+    def _routed(self, worker_id: str, max_tasks: int, resident: list[str] | None, claim_id: str | None) -> Plan:
         """What the worker serves (updated first when its lease says what it holds now), the head
         of each of those models' queues, and who holds them: then the claim of the model picked,
         and that model marked resident on the worker when it will have to load it."""
@@ -87,7 +107,7 @@ class SQLClaims:
             if not mine:
                 check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
             return []
-        got = yield from self._claim(worker_id, max_tasks, model)
+        got = yield from self._claim(worker_id, max_tasks, model, claim_id)
         if got and not mine[model]:
             yield Write(UPSERT_MODEL, (worker_id, model, 1, now))
         return got

@@ -7,6 +7,7 @@ one round trip); other reports share one transaction, each applied on its own.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from protocol import CANCELLED_MARK, FINAL_STATUSES, Report, TaskView
@@ -65,7 +66,9 @@ class SQLReports:
         out: list[Reported] = []
         for task_id, rep in items:
             row = changed.get(task_id)
-            out.append(self._store.view(row) if row is not None else (yield from self._refused(task_id, rep, now)))
+            if row is None:
+                row = yield from self._refused(task_id, rep, now)
+            out.append(row if isinstance(row, Exception) else self._store.view(row))
         return out
 
     def _each(self, items: list[tuple[str, Report]]) -> list[Reported]:
@@ -86,9 +89,11 @@ class SQLReports:
         """A `processing`, `succeeded` or `released` report's outcome: one UPDATE."""
         fence, args = _fence(task_id, rep, now)
         if rep.status == "processing":
+            # When the worker started it (its `at`, sent later in an exchange), within what can be true.
+            started = now if rep.at is None else min(rep.at, now)
             return Write(f"UPDATE tasks SET status = 'processing', lease_deadline = ?, updated_at = ?, {self._started},"
-                         f" started_at = COALESCE(started_at, ?) WHERE {fence} RETURNING *",
-                         (leases.deadline(now, self._store.lease_ttl_s), now, now, *args))
+                         f" started_at = COALESCE(started_at, {self._store.GREATEST}(created_at, ?)) WHERE {fence}"
+                         " RETURNING *", (leases.deadline(now, self._store.lease_ttl_s), now, started, *args))
         if rep.status == "succeeded":
             return Write("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
                          f" lease_deadline = NULL, updated_at = ?, finished_at = ?, {WEBHOOK_ENDED} WHERE {fence}"
@@ -111,13 +116,16 @@ class SQLReports:
 
     def _refused(self, task_id: str, rep: Report, now: float) -> Plan:
         """Why a report changed nothing: no such task; a client cancelled it (then, whatever the
-        worker says, the task ends here if the lease is still current); or the lease is not current."""
-        found = yield Read("SELECT status, cancel_requested_at FROM tasks WHERE id = ?", (task_id,))
+        worker says, the task ends here if the lease is still current); the same final report
+        again (the task's row: answered as the first was); or the lease is not current."""
+        found = yield Read("SELECT * FROM tasks WHERE id = ?", (task_id,))
         if not found:
             return Unknown(f"no task {task_id}")
         held = lease_held(rep.worker_id, now, rep.lease_token)
         if found[0]["cancel_requested_at"] is not None and (yield end_cancelled(task_id, _worker_said(rep), now, held)):
             return Cancelled(f"task {task_id} {CANCELLED_MARK}; its {rep.status} report is refused")
+        if _replayed(found[0], rep):
+            return found[0]
         return Refused(f"lease on task {task_id} is not held by this token (status {found[0]['status']})")
 
 
@@ -132,6 +140,18 @@ def _alike(items: list[tuple[str, Report]]) -> bool:
     return (bool(items) and items[0][1].status in ("processing", "succeeded")
             and all(rep.status == items[0][1].status for _, rep in items)
             and len({task_id for task_id, _ in items}) == len(items))
+
+
+def _replayed(row: Any, rep: Report) -> bool:
+    """A final report the task already ended with, from the same worker: the same report again (a
+    retry whose first answer did not arrive), answered as the first was, changing nothing."""
+    if row["worker_id"] != rep.worker_id or row["status"] != rep.status:
+        return False
+    if rep.status == "succeeded":
+        return row["result"] is not None and json.loads(row["result"]).get("uri") == rep.result.uri
+    if rep.status == "failed":
+        return row["error"] is not None and json.loads(row["error"]).get("code") == rep.error.code
+    return False
 
 
 def _worker_said(rep: Report) -> str:

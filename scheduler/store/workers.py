@@ -75,6 +75,10 @@ class SQLWorkers:
                               lost=[t for t in hb.in_flight if t not in renewed],
                               cancelled=sorted(r["id"] for r in rows if r["cancel_requested_at"] is not None))
 
+    def known(self, worker_id: str) -> None:
+        """Unknown unless `worker_id` is a registration that may still take work (not drained)."""
+        require_worker(self._store._read(), worker_id)
+
     def _drained(self, worker_id: str, hb: Heartbeat, now: float) -> HeartbeatReply:
         """A drain's last heartbeat: the worker is leaving on purpose, so its registration ends
         `drained` (never `lost`; a replaced one stays replaced) and is refused for leases and

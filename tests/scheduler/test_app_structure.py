@@ -32,6 +32,7 @@ BEFORE = [
     ("/v1/workers", ["get", "post"], "workers"),
     ("/v1/workers/targets", ["get"], "workers"),
     ("/v1/workers/{worker_id}/lease", ["post"], "workers"),
+    ("/v1/workers/{worker_id}/exchange", ["post"], "workers"),
     ("/v1/workers/{worker_id}/heartbeat", ["post"], "workers"),
     ("/v1/reports", ["post"], "workers"),
     ("/v1/tasks/{task_id}/report", ["post"], "workers"),

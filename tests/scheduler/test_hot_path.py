@@ -1,4 +1,4 @@
-"""The hot path (scheduler/api/hot.py): a task's calls (submit, lease, heartbeat, report) give the
+"""The hot path (scheduler/api/hot.py): a task's calls (submit, lease, heartbeat, report, exchange) give the
 same answers with it as through FastAPI, and with it they skip FastAPI's dependency solving."""
 
 from __future__ import annotations
@@ -36,14 +36,28 @@ def lifecycle(http) -> list:
         "task_id": second["task_id"], "worker_id": wid, "lease_token": second["lease_token"], "status": "released"}]}))
     out.append(http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 4, "wait_s": 0}))
     out.append(http.post(f"/v1/workers/{wid}/lease", json={"max_tasks": 1, "wait_s": 0}))  # none left: 204
+    # The same kind of task through the exchange: claimed, the claim answered again to a retry,
+    # its start and its result in one call.
+    out.append(http.post("/v1/tasks", json=TASK))
+    out.append(http.post(f"/v1/workers/{wid}/exchange", json={"exchange_id": "e-1", "max_tasks": 1}))
+    out.append(http.post(f"/v1/workers/{wid}/exchange", json={"exchange_id": "e-1", "retry": True, "max_tasks": 1}))
+    third = out[-1].json()["leases"][0]
+    out.append(http.post(f"/v1/workers/{wid}/exchange", json={"exchange_id": "e-2", "reports": [
+        {"task_id": third["task_id"], "worker_id": wid, "lease_token": third["lease_token"], "status": "processing",
+         "at": time.time()},
+        {"task_id": third["task_id"], "worker_id": wid, "lease_token": third["lease_token"], "status": "succeeded",
+         "result": {"uri": "file:///tmp/c.png", "content_type": "image/png", "width": 64, "height": 64,
+                    "seed": 3, "bytes": 100, "sha256": "0" * 64}}], "held": [], "max_tasks": 1}))
     return out
 
 
 def test_a_tasks_calls_get_the_same_answers_with_the_hot_path_as_through_fastapi(tmp_path):
     hot, plain = both(tmp_path, lifecycle)
     assert hot == plain
-    assert [status for status, _, _ in hot] == [201, 201, 200, 201, 200, 200, 200, 200, 200, 200, 204]
+    assert [status for status, _, _ in hot] == [201, 201, 200, 201, 200, 200, 200, 200, 200, 200, 204, 201, 200, 200, 200]
     assert hot[3][1]["preference-applied"] == "wait=0"
+    assert hot[-2][2]["leases"] == hot[-3][2]["leases"] != []  # the retry got the claim, not another
+    assert [r["task"]["status"] for r in hot[-1][2]["results"]] == ["processing", "succeeded"]
 
 
 @pytest.mark.parametrize("hot", [True, False])
