@@ -29,6 +29,12 @@ class QueueConfig(Section):
     lease_ahead: int = Field(0, ge=0, le=1024, description="tasks held ahead of generation; 0: auto")
     heartbeat_interval_s: float = Field(30.0, gt=0, description="seconds between heartbeats, which renew the "
                                         "leases of the tasks held")
+    exchange: bool = Field(True, description=(
+        "lease and report in one call (POST /v1/workers/{id}/exchange): one call per task in steady "
+        "state; false: separate lease and report calls. A scheduler without it turns it off by itself"))
+    lease_hold_s: float = Field(2.0, ge=0, le=60, description=(
+        "with the exchange: how long a request for more tasks waits, while a round is still ready, "
+        "for a report's call to carry it; 0: asked at once"))
     # How long a result report keeps retrying before the lease expiry takes over.
     report_deadline_s: float = Field(45.0, gt=0)
     idle_backoff_max_s: float = Field(10.0, gt=0, description="cap on waits while the queue is down")

@@ -57,13 +57,16 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
     registration = Registration(client, state, ledger, cfg.queue.heartbeat_interval_s, ctx.world_size,
                                 cfg.model.name, ctx.node_id, advertised(cfg.limits))
     reporter = Reporter(client, lambda: registration.worker_id, ledger, cfg.queue.report_deadline_s, metrics,
-                        discard=post.discard)
+                        discard=post.discard,
+                        exchange_hold_s=cfg.queue.lease_hold_s if cfg.queue.exchange else None)
+    exchanger = reporter.delivery.exchanger
     admission = Admission(cfg.limits, guard, reporter, ledger,
                           context_ranks=ctx.world_size if context_parallel(cfg.parallel, ctx.world_size) else 0,
                           text_tokens=cfg.model.max_sequence_length, models=models,
                           model_limits={name: cfg.limits_of(name) for name in cfg.models},
                           model_text_tokens={name: m.max_sequence_length for name, m in cfg.models.items()})
-    intake = Intake(Leaser(client, registration, state, cfg.queue, stop), admission, target=sizes.lease_ahead)
+    intake = Intake(Leaser(client, registration, state, cfg.queue, stop, exchanger), admission,
+                    target=sizes.lease_ahead, round_=sizes.round)
     ops = profiler = None
     if cfg.ops.enabled:  # started now, so that liveness is answered while the model loads
         health = Health(state, cfg.deadlines.stall_s, cfg.distributed.load_timeout_s, stop.is_set)

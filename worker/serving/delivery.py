@@ -1,4 +1,5 @@
-"""Gets reports to the scheduler: several in one call (POST /v1/reports), e.g. a lease call's
+"""Gets reports to the scheduler: in exchanges (worker.serving.exchange), where the `processing`
+reports wait for the next call; else several in one call (POST /v1/reports), e.g. a lease call's
 `processing` reports or the final reports of tasks finished together, or one call per report with a
 scheduler that lacks it. Retries stay within a report's deadline (queue.report_deadline_s); what is
 not delivered by then is answered as such, and the lease expiry takes over. What an answer means for
@@ -8,22 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 from protocol import Report, TaskReport
+from worker.serving.exchange import Exchanger, Receipt
 from worker.serving.queue_client import LeaseLost, NotFound, QueueClient, QueueError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Receipt:
-    """The scheduler's answer to one report: its status code (200 taken; 409 refused because the
-    lease is lost or a client cancelled the task, as `detail` says), or None: not delivered in time."""
-
-    code: int | None
-    detail: str | None = None
-    elapsed_us: int = 0  # the report's share of its call
 
 
 class Delivery:
@@ -31,11 +22,27 @@ class Delivery:
         self._client = client
         self._deadline_s = deadline_s  # retries of one call; then the lease expiry takes over
         self.batching = True  # off once the scheduler shows it has no POST /v1/reports
+        self.exchanger: Exchanger | None = None  # set: reports go in exchanges (worker.serving.exchange)
+
+    def note(self, reports: list[tuple[str, Report]]) -> bool:
+        """`processing` reports that may wait for the next exchange: True when they will, False when
+        they must be sent (no exchange)."""
+        if self.exchanger is None or not self.exchanger.enabled:
+            return False
+        self.exchanger.note(reports)
+        return True
 
     def send(self, reports: list[tuple[str, Report]], deadline_s: float | None = None) -> list[Receipt]:
-        """One answer per (task id, report), in order: all in one call when there are several, else
-        one call each. Several that cannot be delivered together are not sent again one by one."""
+        """One answer per (task id, report), in order: all in one call when there are several
+        (with the exchange, that call also carries what waits for one), else one call each.
+        Several that cannot be delivered together are not sent again one by one."""
         deadline_s = deadline_s or self._deadline_s
+        if self.exchanger is not None and self.exchanger.enabled:
+            return self.exchanger.send(reports, deadline_s)
+        return self.plain(reports, deadline_s)
+
+    def plain(self, reports: list[tuple[str, Report]], deadline_s: float) -> list[Receipt]:
+        """Reports in POST /v1/reports, or one call each."""
         if len(reports) > 1 and self.batching:
             try:
                 return self._together(reports, deadline_s)

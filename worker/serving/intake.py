@@ -23,8 +23,12 @@ log = logging.getLogger(__name__)
 
 
 class Leases(Protocol):
-    def lease(self, n: int) -> list[Lease]:
-        """Up to n leases; long-polls, and handles its own errors and backoff."""
+    def lease(self, n: int, hungry: bool = True, wake: Callable[[], bool] = lambda: False) -> list[Lease]:
+        """Up to n leases; long-polls, and handles its own errors and backoff. Not `hungry`: it may
+        wait (until `wake()`) for a report's call to carry the request."""
+
+    def wake(self) -> None:
+        """A waiting request's `wake` may have changed (fewer ready, or stopping)."""
 
 
 class Gate(Protocol):
@@ -33,11 +37,12 @@ class Gate(Protocol):
 
 
 class Intake:
-    def __init__(self, leases: Leases, gate: Gate, target: int) -> None:
-        """`target`: the lease-ahead cap, the most admitted tasks held waiting for a round."""
+    def __init__(self, leases: Leases, gate: Gate, target: int, round_: int = 1) -> None:
+        """`target`: the lease-ahead cap; with `round_` ready, a request for more may wait for a report."""
         self._leases = leases
         self._gate = gate
         self._target = target
+        self._round = round_
         self._ready: list[Task] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -53,6 +58,7 @@ class Intake:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        self._leases.wake()
 
     def nudge(self) -> None:
         """Ends a waiting take() early (e.g. a result is ready to report)."""
@@ -101,6 +107,8 @@ class Intake:
             taken = {id(t) for batch in batches for t in batch}
             self._ready = [t for t in self._ready if id(t) not in taken]
             self._cond.notify_all()
+        if self._hungry():
+            self._leases.wake()
         now = time.monotonic()
         for batch in batches:
             for task in batch:
@@ -111,6 +119,9 @@ class Intake:
         """The ready tasks a round may take: those of the oldest one's model (a round runs one)."""
         model = self._ready[0].model
         return [t for t in self._ready if t.model == model]
+
+    def _hungry(self) -> bool:  # less than a round ready: the next round would wait for the queue
+        return len(self._ready) < self._round
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -134,7 +145,7 @@ class Intake:
 
     def _fill(self, room: int) -> None:
         t0 = time.perf_counter()
-        leases = self._leases.lease(room)
+        leases = self._leases.lease(room, hungry=self._hungry(), wake=self._hungry)
         lease_ms = (time.perf_counter() - t0) * 1e3
         tasks = [Task(lease) for lease in leases]
         for task in tasks:

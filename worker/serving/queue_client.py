@@ -20,7 +20,7 @@ from tenacity import (RetryCallState, Retrying, retry_if_exception_type, stop_af
                       wait_random_exponential)
 from tenacity.wait import wait_base
 
-from protocol import (Heartbeat, HeartbeatReply, Lease, LeaseRequest, LeaseResponse, Registered, RegisterWorker,
+from protocol import (Exchange, Exchanged, Heartbeat, HeartbeatReply, Lease, LeaseRequest, LeaseResponse, Registered, RegisterWorker,
                       Report, ReportBatch, ReportOutcome, ReportOutcomes, TaskReport, TaskView)
 from worker.config import QueueConfig
 
@@ -111,9 +111,28 @@ class QueueClient:
         return self._retrying(deadline_s, self._call, "POST", "/v1/reports", ReportBatch(reports=reports),
                               ReportOutcomes).results
 
+    def exchange(self, worker_id: str, body: Exchange, deadline_s: float) -> Exchanged:
+        """One exchange (reports, then new tasks), retried until `deadline_s` as the same exchange:
+        each retry is marked so, and is answered the tasks its first try claimed, never more.
+        NotFound: the scheduler does not know this worker, or has no exchange (an older one:
+        `no_exchange(e)` tells)."""
+        sent = [body]
+
+        def once() -> Exchanged:
+            out = self._call("POST", f"/v1/workers/{worker_id}/exchange", sent[0], Exchanged,
+                             timeout=self._cfg.timeout_s + sent[0].wait_s)
+            return out
+
+        def marked(state: RetryCallState) -> None:
+            sent[0] = sent[0].model_copy(update={"retry": True})
+            self._retry_log(deadline_s)(state)
+
+        return self._retrying(deadline_s, once, before_sleep=marked)
+
     # ------------------------------------------------------------ plumbing
 
-    def _retrying(self, deadline_s: float, fn, *args: Any, interrupt: threading.Event | None = None) -> Any:
+    def _retrying(self, deadline_s: float, fn, *args: Any, interrupt: threading.Event | None = None,
+                  before_sleep=None) -> Any:
         max_s = max(1.0, deadline_s / 4)
         stop = stop_after_delay(deadline_s)
         if interrupt is not None:
@@ -124,7 +143,7 @@ class QueueClient:
             wait=backoff(wait_random_exponential(multiplier=0.5, max=max_s), max_s),
             stop=stop,
             sleep=_sleep_unless(interrupt) if interrupt is not None else time.sleep,
-            before_sleep=self._retry_log(deadline_s),
+            before_sleep=before_sleep or self._retry_log(deadline_s),
             reraise=True,
         )
         try:
@@ -150,6 +169,12 @@ class QueueClient:
         except httpx.TransportError as e:  # connect, read timeouts, resets
             raise Unavailable(f"{method} {self._http.base_url.join(path)}: {type(e).__name__}: {e}") from e
         return _parse(resp, out)
+
+
+def no_exchange(e: NotFound) -> bool:
+    """A 404 from a scheduler without POST /v1/workers/{wid}/exchange (its router's own "Not Found"),
+    not one that does not know this worker (which names it)."""
+    return str(e).endswith(": Not Found")
 
 
 def _sleep_unless(event: threading.Event):

@@ -1,5 +1,6 @@
 """Rank 0's reports to the scheduler: `processing` before generation (a lease call's tasks in one
-call), then one final report per task (succeeded, failed or released). The backlog hands it the
+call, or, with the exchange, in the next call, whenever that is), then one final report per task
+(succeeded, failed or released). The backlog hands it the
 finished post stages in lease order; the ledger says which of them are reported, and how.
 
 A final report that cannot be delivered is logged and dropped: the lease then expires and the task is
@@ -10,10 +11,12 @@ final report ends the task in the ledger, which ends its lease renewal.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from protocol import ErrorCode, ErrorEnvelope, Report, TaskResult, was_cancelled
-from worker.serving.delivery import Receipt, Delivery
+from worker.serving.delivery import Delivery
+from worker.serving.exchange import Exchanger, Receipt
 from worker.serving.ledger import REPORTED, Counter, Ledger
 from worker.serving.metrics import Metrics
 from worker.serving.queue_client import QueueClient
@@ -26,8 +29,11 @@ log = logging.getLogger(__name__)
 class Reporter:
     def __init__(self, client: QueueClient, worker_id: Callable[[], str], ledger: Ledger,
                  deadline_s: float, metrics: Metrics | None = None,
-                 discard: Callable[[Task, TaskResult], None] | None = None) -> None:
+                 discard: Callable[[Task, TaskResult], None] | None = None, exchange_hold_s: float | None = None) -> None:
         self.delivery = Delivery(client, deadline_s)
+        if exchange_hold_s is not None:  # one call per task (queue.exchange, queue.lease_hold_s)
+            self.delivery.exchanger = Exchanger(client, worker_id, ledger, self.delivery.plain, deadline_s,
+                                                exchange_hold_s)
         self._worker_id = worker_id  # read at report time: a re-registration changes it
         self._ledger = ledger
         self._receipts = Receipts(ledger, metrics, discard)
@@ -35,7 +41,10 @@ class Reporter:
     def processing_all(self, tasks: list[Task]) -> list[Task]:
         """`processing` for tasks about to wait for a round (renews their leases), in one call when
         there are several. Returns those that may run; the others (lease lost, or the report not
-        delivered) are ended here and must not run."""
+        delivered) are ended here and must not run. With the exchange, they wait for the next call,
+        each saying when it started, and all may run: what their answers say reaches the ledger."""
+        if self.delivery.note([(t.id, self._report(t, "processing", at=time.time())) for t in tasks]):
+            return tasks
         answers = self.delivery.send([(t.id, self._report(t, "processing")) for t in tasks])
         return [t for t, answer in zip(tasks, answers) if self._may_run(t, answer)]
 

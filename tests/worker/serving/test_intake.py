@@ -31,7 +31,10 @@ class FakeQueue:
         self.asked: list[int] = []
         self.cond = threading.Condition()
 
-    def lease(self, n: int) -> list[Lease]:
+    def wake(self) -> None:
+        pass
+
+    def lease(self, n: int, hungry: bool = True, wake=None) -> list[Lease]:
         with self.cond:
             self.asked.append(n)
             self.cond.notify_all()
@@ -151,7 +154,10 @@ def test_take_returns_empty_after_its_wait_or_a_nudge():
 
 def test_a_failing_lease_thread_surfaces_in_the_serve_loop():
     class Refused:
-        def lease(self, n):
+        def wake(self):
+            pass
+
+        def lease(self, n, hungry=True, wake=None):
             raise PermissionError("scheduler refused this worker")
 
     intake = Intake(Refused(), FakeQueue([]), target=2)
