@@ -1,5 +1,5 @@
 """`make bench-calls`: what each of the calls a task costs (submit, lease, `processing`, `succeeded`,
-and a heartbeat) takes of the scheduler's CPU, one call at a time, so the figure is the call's own
+a heartbeat, and the exchange that replaces lease and reports) takes of the scheduler's CPU, one call at a time, so the figure is the call's own
 and not its share of a group commit under load. A scheduler process saturated by a fleet of
 single-GPU workers is bound by this sum (docs/queue.md).
 
@@ -10,11 +10,12 @@ Starts the reference scheduler (SQLite on tmpfs unless --durable, so an fsync's 
 the figure is CPU; or PostgreSQL, a real server, fsync off unless --durable), registers one worker
 and, in each block, makes `--calls` calls of each kind in turn from one keep-alive connection:
 submits of one task, leases of one task each (wait_s 0), a `processing` and a `succeeded` report per
-task, heartbeats. A call's cost is the scheduler process's CPU time (all its threads; the database
+task, heartbeats; then exchanges, each claiming one task and carrying the previous one's
+`processing` note and `succeeded` report. A call's cost is the scheduler process's CPU time (all its threads; the database
 server's own is not counted) over the calls of that kind, divided by their number; the figure
 printed is the median over the blocks. `a task` is submit + lease + processing + succeeded: the
 scheduler's CPU for one single-GPU task, so 1,000 ms over it is the tasks/s one process carries on
-a core of this machine.
+a core of this machine; `a task by the exchange` is submit + exchange.
 
 With --against-set or --against-tree a second scheduler runs beside the first, the two taking turns
 block by block (in an order that alternates), and the ratio of each block's pair is printed, their
@@ -42,8 +43,11 @@ from bench.servers import Postgres
 from bench.fleet import REG, RESULT
 from bench.reports import save
 
-KINDS = ("submit", "lease", "processing", "succeeded", "heartbeat")
+KINDS = ("submit", "lease", "processing", "succeeded", "heartbeat", "exchange")
 TASK = ("submit", "lease", "processing", "succeeded")
+# A task through the exchange: its submit, and the one exchange that claims it and carries the previous
+# task's `processing` note and result (a single-GPU worker's steady state).
+EXCHANGE_TASK = ("submit", "exchange")
 
 
 class Calls:
@@ -53,6 +57,7 @@ class Calls:
         self.http = http
         self.wid = self._ok(http.post("/v1/workers", json=REG))["worker_id"]
         self.leases: list[dict] = []
+        self.previous: dict | None = None  # the exchange's last claim, reported by the next one
 
     @staticmethod
     def _ok(r: httpx.Response) -> dict:
@@ -83,6 +88,26 @@ class Calls:
     def heartbeat(self, _i: int) -> None:
         self._ok(self.http.post(f"/v1/workers/{self.wid}/heartbeat",
                                 json={"status": "ready", "in_flight": [], "timestamp": time.time()}))
+
+    def queue(self, n: int) -> None:
+        """Tasks for the exchanges to claim (not measured)."""
+        for i in range(n):
+            self.submit(i)
+
+    def exchange(self, i: int, claim: bool = True) -> None:
+        """The previous claim's start and result, and a claim of the next."""
+        reports = []
+        if (le := self.previous) is not None:
+            mine = {"task_id": le["task_id"], "worker_id": self.wid, "lease_token": le["lease_token"]}
+            reports = [{**mine, "status": "processing", "at": time.time()},
+                       {**mine, "status": "succeeded", "result": RESULT}]
+        got = self._ok(self.http.post(f"/v1/workers/{self.wid}/exchange", json={
+            "exchange_id": f"x-{i}-{time.monotonic_ns()}", "reports": reports, "max_tasks": int(claim)}))
+        if any(r["status_code"] != 200 for r in got["results"]):
+            raise SystemExit(f"an exchange's report was refused: {got['results']}")
+        if claim and len(got["leases"]) != 1:
+            raise SystemExit(f"an exchange claimed {len(got['leases'])} tasks, not 1: the queue ran short")
+        self.previous = got["leases"][0] if claim else None
 
 
 def cpu_s(proc: psutil.Process) -> float:
@@ -120,16 +145,22 @@ def run(servers: dict[str, tuple[str, psutil.Process]], calls: int, blocks: int)
             for name in (list(servers) if b % 2 else list(reversed(servers))):
                 clients[name].leases.clear()
                 for kind in KINDS:
+                    if kind == "exchange":
+                        clients[name].queue(calls)
                     us = measure(servers[name][1], getattr(clients[name], kind), calls)
                     if b >= 0:
                         out[name][kind].append(round(us, 1))
+                clients[name].exchange(calls, claim=False)  # the last claim's result: the queue left empty
     return out
 
 
 def summary(per_kind: dict[str, list[float]]) -> dict[str, float]:
-    """Each kind's median over the blocks, and a task's (the sum of its calls, block by block)."""
-    tasks = [sum(per_kind[k][b] for k in TASK) for b in range(len(per_kind["submit"]))]
-    return {**{k: statistics.median(v) for k, v in per_kind.items()}, "task": statistics.median(tasks)}
+    """Each kind's median over the blocks, and a task's (the sum of its calls, block by block),
+    by separate calls and by the exchange."""
+    blocks = range(len(per_kind["submit"]))
+    return {**{k: statistics.median(v) for k, v in per_kind.items()},
+            "task": statistics.median(sum(per_kind[k][b] for k in TASK) for b in blocks),
+            "task_exchange": statistics.median(sum(per_kind[k][b] for k in EXCHANGE_TASK) for b in blocks)}
 
 
 def show(name: str, per_kind: dict[str, list[float]]) -> None:
@@ -141,13 +172,17 @@ def show(name: str, per_kind: dict[str, list[float]]) -> None:
               f"{min(v):.0f}-{max(v):.0f})")
     print(f"  a task     {fig['task']:7.0f} us (submit + lease + processing + succeeded): "
           f"{1e6 / fig['task']:.0f} tasks/s on one core of this machine")
+    print(f"  a task     {fig['task_exchange']:7.0f} us by the exchange (submit + exchange): "
+          f"{1e6 / fig['task_exchange']:.0f} tasks/s on one core of this machine")
 
 
 def ratios(this: dict[str, list[float]], against: dict[str, list[float]]) -> dict[str, float]:
     """this / against per kind and per task: the median of the ratios of blocks run side by side."""
     out = {k: statistics.median(a / b for a, b in zip(this[k], against[k])) for k in KINDS}
-    task = [sum(this[k][i] for k in TASK) / sum(against[k][i] for k in TASK) for i in range(len(this["submit"]))]
-    return {**out, "task": statistics.median(task)}
+    blocks = range(len(this["submit"]))
+    task = [sum(this[k][i] for k in TASK) / sum(against[k][i] for k in TASK) for i in blocks]
+    ex = [sum(this[k][i] for k in EXCHANGE_TASK) / sum(against[k][i] for k in EXCHANGE_TASK) for i in blocks]
+    return {**out, "task": statistics.median(task), "task_exchange": statistics.median(ex)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,11 @@ scheduler does (open loop: a slow queue gets a backlog, not a politer load). Eac
 --work-s (+-20%) between its lease and its `succeeded` report, after a `processing` report, as the
 worker does; each worker also heartbeats every --heartbeat-s with what it holds.
 
-Two fleet shapes: `gpu` (one worker per GPU: leases of 1, one call per report) and `node` (8-GPU
-nodes: leases of up to 8 run 8 wide, their reports batched in one POST /v1/reports per status).
+Two fleet shapes: `gpu` (one worker per GPU) and `node` (8-GPU nodes, 8 wide). Two protocols:
+`calls` (default: leases of 1 or up to 8, then a `processing` and a `succeeded` report per task,
+one call each for a GPU, one POST /v1/reports per status for a node) and `--protocol exchange`
+(bench/fleet_exchange.py: one call per task in steady state, as the dit-worker speaks it with
+queue.exchange = true).
 
 Each row: the store (SQLite, or PostgreSQL with one or two scheduler processes, the workers and
 clients split between them), durable settings as a user runs them (SQLite synchronous=FULL;
@@ -65,8 +68,7 @@ from bench.reports import save
 
 REG = {"hostname": "fleet-bench", "world_size": 1, "devices": [{"name": "sim", "memory_bytes": 0}], "model": "sim",
        "version": "bench"}
-RESULT = {"uri": "file:///bench.jpg", "content_type": "image/jpeg", "width": 16, "height": 16, "seed": 1,
-          "bytes": 1, "sha256": "0"}
+from bench.fleet_exchange import RESULT, ExchangeWorker
 SUBMIT_TIMEOUT_S = 30.0
 
 
@@ -85,14 +87,17 @@ class Record:
     offer_started: float = 0.0
     heartbeats: list[int] = field(default_factory=lambda: [0, 0])  # refused, answered
     errors: list[str] = field(default_factory=list)
+    worker_calls: int = 0  # the workers' calls but heartbeats: leases, reports, exchanges
 
 
 class Fleet:
     """The simulated workers and clients, on one event loop."""
 
     def __init__(self, urls: list[str], gpus: int, shape: str, rate: float, seconds: float, work_s: float,
-                 heartbeat_s: float, client_retries: bool = False, together: bool = False) -> None:
+                 heartbeat_s: float, client_retries: bool = False, together: bool = False,
+                 protocol: str = "calls") -> None:
         self.urls, self.shape, self.rate, self.seconds = urls, shape, rate, seconds
+        self.protocol = protocol
         self.client_retries = client_retries
         self.together = together
         self.width = 8 if shape == "node" else 1
@@ -205,6 +210,8 @@ class Fleet:
         except Exception as e:  # the scheduler refused or is not answering: counted, this worker is out
             self.rec.errors.append(f"register: {e!r}")
             return
+        if self.protocol == "exchange":
+            return await self._exchanging(ExchangeWorker(self, lease_http, report_http, url, wid))
         free = asyncio.Semaphore(self.width)
         held: dict[str, dict] = {}
         done: list[dict] = []
@@ -220,6 +227,7 @@ class Fleet:
                     await free.acquire()
                     n += 1
                 t = time.perf_counter()
+                self.rec.worker_calls += 1
                 async with lease_http.post(f"{url}/v1/workers/{wid}/lease",
                                            json={"max_tasks": n, "wait_s": 10.0}) as r:
                     got = (await r.json())["leases"] if r.status == 200 else []
@@ -246,6 +254,17 @@ class Fleet:
             for t in [*tasks, *running]:
                 t.cancel()
 
+    async def _exchanging(self, worker: ExchangeWorker) -> None:
+        beats = asyncio.create_task(self._heartbeat(worker.side, worker.url, worker.wid, worker.held))
+        try:
+            await worker.run()
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:  # a bench bug or a refused call: counted, the worker stops
+            self.rec.errors.append(repr(e))
+        finally:
+            beats.cancel()
+
     async def _gpu(self, le: dict, free: asyncio.Semaphore, done: list, flush: asyncio.Event) -> None:
         await asyncio.sleep(self.work_s * random.uniform(0.8, 1.2))
         free.release()
@@ -269,11 +288,13 @@ class Fleet:
         ok: list[str] = []
         if self.width == 1:
             for le in got:
+                self.rec.worker_calls += 1
                 async with http.post(f"{url}/v1/tasks/{le['task_id']}/report", json={
                         "worker_id": wid, "lease_token": le["lease_token"], "status": status, **extra}) as r:
                     if r.status == 200:
                         ok.append(le["task_id"])
         else:
+            self.rec.worker_calls += 1
             async with http.post(url + "/v1/reports", json={"reports": [
                     {"task_id": le["task_id"], "worker_id": wid, "lease_token": le["lease_token"], "status": status,
                      **extra} for le in got]}) as r:
@@ -320,7 +341,9 @@ def figures(rec: Record, fleet: Fleet) -> dict:
            "submit_to_lease_p99_ms": pct([w * 1e3 for w in waits_s], 0.99),
            "submit_p99_ms": pct([m for _, m, _, _ in calls], 0.99),
            "submit_max_ms": pct([m for _, m, _, _ in calls], 1.0),
-           "heartbeats": rec.heartbeats[1], "heartbeats_refused": rec.heartbeats[0], "errors": rec.errors[:5]}
+           "heartbeats": rec.heartbeats[1], "heartbeats_refused": rec.heartbeats[0], "errors": rec.errors[:5],
+           # What a task cost in workers' calls (heartbeats apart), the tasks in flight at the end counted too.
+           "worker_calls_per_task": round(rec.worker_calls / completed, 2) if completed else None}
     out.update(retry_after_against_wait(rec))
     return out
 
@@ -382,6 +405,19 @@ def serve_trivial(port: int) -> None:
         body = await req.json()
         return web.json_response({"results": [{"status_code": 200} for _ in body["reports"]]})
 
+    async def exchange(req):
+        body = await req.json()
+        results = [{"task_id": r["task_id"], "status_code": 200} for r in body["reports"]]
+        if body["max_tasks"] and not results:  # a report-free request may wait, as a lease does
+            end = time.monotonic() + body["wait_s"]
+            while not queue and time.monotonic() < end:
+                fut = asyncio.get_running_loop().create_future()
+                waiting.append(fut)
+                await asyncio.wait({fut}, timeout=end - time.monotonic())
+        got = [queue.popleft() for _ in range(min(body["max_tasks"], len(queue)))]
+        return web.json_response({"results": results, "leases": [{"task_id": t, "lease_token": "x"} for t in got],
+                                  "cancelled": []})
+
     async def health(_):
         return web.json_response({"status": "ok"})
 
@@ -389,6 +425,7 @@ def serve_trivial(port: int) -> None:
     app.add_routes([web.post("/v1/workers", register), web.post("/v1/tasks", submit),
                     web.post("/v1/workers/{w}/lease", lease), web.post("/v1/workers/{w}/heartbeat", report),
                     web.post("/v1/tasks/{t}/report", report), web.post("/v1/reports", reports),
+                    web.post("/v1/workers/{w}/exchange", exchange),
                     web.get("/healthz", health), web.get("/livez", health)])
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=uvloop.new_event_loop())
 
@@ -510,7 +547,7 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         raise
     urls = [f"http://127.0.0.1:{p.port}" for p in procs]
     fleet = Fleet(urls, gpus, shape, rate, args.seconds, args.work_s, args.heartbeat_s, args.client_retries,
-                  args.together)
+                  args.together, args.protocol)
     probes = args.out.parent / f"livez-{store}-{shape}-{time.monotonic_ns()}.jsonl"  # kept beside the report
     prober = subprocess.Popen([sys.executable, "-m", "bench.fleet", "probe-livez", str(probes), *urls])
     try:
@@ -540,7 +577,8 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
     # What a completed task cost the server's processes in CPU, everything it did included (refusals,
     # heartbeats, the tasks still in flight at the end): the figure a cheaper call shows up in.
     row["server_cpu_ms_per_task"] = round(server * 1e3 / row["completed_tasks"], 2) if row["completed_tasks"] else None
-    return {"store": store, "processes": len(procs), "shape": shape, "gpus": gpus, "workers": fleet.workers,
+    return {"store": store, "processes": len(procs), "shape": shape, "protocol": fleet.protocol, "gpus": gpus,
+            "workers": fleet.workers,
             "client_retries": fleet.client_retries, "together": fleet.together, **row,
             **livez_figures(probes), **lag, **stops, "cores": cores, **({"pinned": pinned} if pinned else {})}
 
@@ -587,7 +625,8 @@ def _machine_cpu() -> float:
 def print_row(row: dict, label: str = "") -> None:
     def f(v):
         return "-" if v is None else f"{v:g}"
-    print(f"{label or row['store']:12s} x{row['processes']} {row['shape']:4s} {row['gpus']:4d} GPUs"
+    print(f"{label or row['store']:12s} x{row['processes']} {row['shape']:4s} {row.get('protocol', 'calls'):8s}"
+          f" {row['gpus']:4d} GPUs"
           f"  offered {row['offered_per_s']:6.1f}/s  completed {row['completed'] * 100:5.1f}%"
           f"  lease p99 {f(row['lease_p99_ms']):>7s} ms  submit->lease p99 {f(row['submit_to_lease_p99_ms']):>8s} ms"
           f"  submit p99 {f(row['submit_p99_ms']):>7s} max {f(row['submit_max_ms']):>7s} ms"
@@ -600,7 +639,8 @@ def print_row(row: dict, label: str = "") -> None:
           + (f"  loop lag p99 <= {row['loop_lag_p99_le_s']} s, over 1 s {row['loop_lag_over_1s'] * 100:.1f}%"
              if "loop_lag_p99_le_s" in row else "")
           + f"  stop {row['stop_s']} s exit {row['exit_codes']}"
-          + f"  CPU/task {f(row['server_cpu_ms_per_task'])} ms  cores {row['cores']}", flush=True)
+          + f"  CPU/task {f(row['server_cpu_ms_per_task'])} ms  calls/task {f(row.get('worker_calls_per_task'))}"
+          + f"  cores {row['cores']}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -633,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--together", action="store_true",
                    help="the workers register while the clients already submit (a fleet coming up against the "
                         "fresh process each row starts), instead of all before them")
+    p.add_argument("--protocol", choices=("calls", "exchange"), default="calls",
+                   help="calls: separate lease, processing and succeeded calls, as the dit-worker makes them by "
+                        "default; exchange: one call per task in steady state (queue.exchange = true)")
     p.add_argument("--repeat", type=int, default=1, help="each row this many times, a fresh process each")
     p.add_argument("--out", type=Path, default=Path("var/bench/fleet.json"))
     args = p.parse_args(argv)
@@ -642,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pin:  # refused now, before anything is measured or started
         plan_pins(max(2 if s == "postgres-2" else 1 for s in stores), os.sched_getaffinity(0))
     report = {"machine": platform.processor() or platform.machine(), "cores": psutil.cpu_count(), "gpus": args.gpus,
+              "protocol": args.protocol,
               "offered_per_s": round(rate, 1), "seconds": args.seconds, "work_s": args.work_s,
               "heartbeat_s": args.heartbeat_s, "durable": True, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,8 +13,11 @@ from tests.harness import rank_pid, ready_worker, run, settled_worker
 pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 
-def test_cancel_while_queued_leased_and_generating(stack):
-    stack.proc = stack.worker(nproc=2, overrides=["queue.lease_ahead=4"])
+@pytest.mark.parametrize("exchange", [False, True], ids=["calls", "exchange"])
+def test_cancel_while_queued_leased_and_generating(stack, exchange):
+    # With the exchange, the admission's `processing` reports wait for the next call (at most
+    # queue.lease_hold_s, 2 s) and the answers carry the cancel notices too.
+    stack.proc = stack.worker(nproc=2, overrides=["queue.lease_ahead=4", f"queue.exchange={str(exchange).lower()}"])
     ready_worker(stack, stack.proc)
     # Rank 1 frozen (SIGSTOP): the first round stays in generation, deterministically, until it thaws.
     follower = psutil.Process(rank_pid(stack.proc, 1))
