@@ -12,15 +12,21 @@ import random
 import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 
-if TYPE_CHECKING:
-    from bench.fleet import Fleet
-
 RESULT = {"uri": "file:///bench.jpg", "content_type": "image/jpeg", "width": 16, "height": 16, "seed": 1,
           "bytes": 1, "sha256": "0"}
+class Fleet(Protocol):
+    """What a worker needs of bench.fleet.Fleet: its record, its stop event, its shape and task time."""
+
+    rec: object
+    stop: asyncio.Event
+    width: int
+    work_s: float
+
+
 HOLD_S = 2.0  # queue.lease_hold_s's default
 WAIT_S = 10.0  # queue.lease_wait_s's default
 

@@ -46,6 +46,20 @@ def test_a_short_run_on_the_trivial_server_and_sqlite_completes_what_it_offers(t
 
 
 @pytest.mark.integration
+def test_a_fleet_speaking_the_exchange_completes_with_fewer_calls(tmp_path):
+    """--protocol exchange: one call per task in steady state, against the trivial server and SQLite."""
+    out = tmp_path / "fleet.json"
+    assert fleet_bench.main(["--gpus", "8", "--seconds", "2", "--work-s", "0.2", "--stores", "trivial,sqlite",
+                             "--shapes", "gpu,node", "--overload-gpus", "0", "--protocol", "exchange",
+                             "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4 and all(r["protocol"] == "exchange" for r in rows)
+    for row in rows:
+        assert row["errors"] == [] and row["completed"] >= 0.9 and row["timed_out"] == 0
+        assert 0 < row["worker_calls_per_task"] < 3  # the separate calls spend 3 a task (lease, two reports)
+
+
+@pytest.mark.integration
 def test_a_fleet_that_registers_while_clients_submit_completes_too(tmp_path):
     """--together: the first seconds of a fresh process, registrations among the first submits."""
     out = tmp_path / "fleet.json"
