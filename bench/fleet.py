@@ -386,14 +386,18 @@ def serve_trivial(port: int) -> None:
                 break
         return web.json_response({"id": tid, "status": "queued"}, status=201)
 
-    async def lease(req):
-        body = await req.json()
-        end = time.monotonic() + body["wait_s"]
+    async def taken(max_tasks: int, wait_s: float) -> list[str]:
+        """Up to max_tasks queued ids, waiting up to wait_s for the first (a long poll)."""
+        end = time.monotonic() + wait_s
         while not queue and time.monotonic() < end:
             fut = asyncio.get_running_loop().create_future()
             waiting.append(fut)
             await asyncio.wait({fut}, timeout=end - time.monotonic())
-        got = [queue.popleft() for _ in range(min(body["max_tasks"], len(queue)))]
+        return [queue.popleft() for _ in range(min(max_tasks, len(queue)))]
+
+    async def lease(req):
+        body = await req.json()
+        got = await taken(body["max_tasks"], body["wait_s"])
         if not got:
             return web.Response(status=204)
         return web.json_response({"leases": [{"task_id": t, "lease_token": "x"} for t in got]})
@@ -408,13 +412,7 @@ def serve_trivial(port: int) -> None:
     async def exchange(req):
         body = await req.json()
         results = [{"task_id": r["task_id"], "status_code": 200} for r in body["reports"]]
-        if body["max_tasks"] and not results:  # a report-free request may wait, as a lease does
-            end = time.monotonic() + body["wait_s"]
-            while not queue and time.monotonic() < end:
-                fut = asyncio.get_running_loop().create_future()
-                waiting.append(fut)
-                await asyncio.wait({fut}, timeout=end - time.monotonic())
-        got = [queue.popleft() for _ in range(min(body["max_tasks"], len(queue)))]
+        got = await taken(body["max_tasks"], body["wait_s"] if body["max_tasks"] else 0.0)
         return web.json_response({"results": results, "leases": [{"task_id": t, "lease_token": "x"} for t in got],
                                   "cancelled": []})
 
