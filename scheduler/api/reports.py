@@ -27,8 +27,9 @@ async def report_many(svc: Services, body: ReportBatch) -> Answer:
     return Answer.of(ReportOutcomes(results=await applied(svc, body.reports)))
 
 
-async def applied(svc: Services, reports: list[TaskReport]) -> list[ReportOutcome]:
-    """Each report applied on its own, atomically, in order, counted and announced; its outcome."""
+async def applied(svc: Services, reports: list[TaskReport], with_tasks: bool = True) -> list[ReportOutcome]:
+    """Each report applied on its own, atomically, in order, counted and announced; its outcome
+    (with the task as the report left it, unless not `with_tasks`)."""
     metrics, waiters, watch = svc.metrics, svc.waiters, svc.watch
     items = [(r.task_id, r) for r in reports]  # a TaskReport is the Report it carries: not validated again
     outcomes = await svc.store.reports.areport_many(items)
@@ -36,10 +37,10 @@ async def applied(svc: Services, reports: list[TaskReport]) -> list[ReportOutcom
     for (task_id, rep), out in zip(items, outcomes):
         metrics.reports.labels(rep.status, _outcome(out)).inc()
         if isinstance(out, TaskView):
-            results.append(ReportOutcome(task_id=task_id, status_code=200, task=out))
+            results.append(ReportOutcome(task_id=task_id, status_code=200, task=out if with_tasks else None))
         else:
             results.append(ReportOutcome(task_id=task_id, status_code=status_of(out), detail=str(out)))
-    if requeued := sum(r.task is not None and r.task.status == "queued" for r in results):
+    if requeued := sum(isinstance(out, TaskView) and out.status == "queued" for out in outcomes):
         waiters.notify(requeued)
     watch.ended(task_id for (task_id, _), out in zip(items, outcomes) if _ended(out))
     return results

@@ -3,6 +3,7 @@ clients, and Prometheus's discovery of the workers' metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -82,16 +83,26 @@ async def exchange_of(svc: Services, worker_id: str, body: Exchange, request: Re
     holds, then its new leases: to a retry, those its exchange claimed first if it still holds them,
     else a claim (long-polling up to wait_s), tagged with its exchange_id."""
     store = svc.store
-    results = await reports.applied(svc, body.reports) if body.reports else []
     cancelled = await store.acall(store.claims.cancelled_among, worker_id, body.held) if body.held else []
     got: list[Lease] = []
     if body.retry and body.max_tasks:
         got = await store.acall(store.claims.claimed, worker_id, body.exchange_id)
+    # Outcomes without the tasks: the worker reads the codes (and an answer stays small).
+    applying = reports.applied(svc, body.reports, with_tasks=False) if body.reports else _nothing()
     if body.max_tasks and not got:
-        got = await _claimed(svc, worker_id, body.max_tasks, body.wait_s, body.resident, request, body.exchange_id)
-    elif not body.max_tasks and not body.reports:
-        await store.acall(store.workers.known, worker_id)  # 404 to a worker the scheduler does not know
+        # Started in the same turn, after the reports: the claim's statement joins their transaction
+        # (one commit for the exchange) and sees what they changed (a task they requeued).
+        results, got = await asyncio.gather(applying, _claimed(svc, worker_id, body.max_tasks, body.wait_s,
+                                                               body.resident, request, body.exchange_id))
+    else:
+        results = await applying
+        if not body.max_tasks and not body.reports:
+            await store.acall(store.workers.known, worker_id)  # 404 to a worker the scheduler does not know
     return Answer.of(Exchanged(results=results, leases=got, cancelled=cancelled))
+
+
+async def _nothing() -> list:
+    return []
 
 
 async def _claimed(svc: Services, worker_id: str, max_tasks: int, wait_s: float, resident: list[str] | None,
