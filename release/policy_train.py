@@ -11,8 +11,8 @@ classifier will see an unseen prompt; and a multinomial logistic regression on b
 lbfgs).
 Each category's threshold is chosen on out-of-fold probabilities (5 folds, fixed split): the
 lowest that keeps the benign prompts of the training data refused at most `--max-false` of the
-time (one in a hundred, by default); and a lower one for "sexual" beside a minor, the lowest that no benign
-training prompt naming a minor reaches. Writes learned.safetensors (weights of the hashed features
+time (one in a hundred, by default); and a lower one for "sexual" beside a minor and a higher one for
+"hate" beside a group, each held to the same share of the benign prompts that name one. Writes learned.safetensors (weights of the hashed features
 seen, float16; the table, int8 with a scale per piece, 15 MB), learned.tokenizer.json (the teacher's pruned tokenizer)
 and learned.json (the card, with the policy digest it was built for) next to the lists, where `make
 install` builds them. The same data and settings give the same bytes.
@@ -252,9 +252,12 @@ def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
                groups: np.ndarray) -> dict[str, float]:
     """Per category, the lowest threshold (on a 0.05 grid from 0.5, or the category's FLOOR) at
     which at most `max_false` of the benign training prompts reach it, judged out of fold;
-    `sexual_with_minor`, the lowest (from 0.2) that no benign prompt naming a minor (by the lists)
-    reaches in "sexual"; and `hate_with_group`, the lowest (from its FLOOR, or hate's threshold if
-    higher) that no benign prompt naming a group reaches in "hate"."""
+    `sexual_with_minor`, the lowest (from 0.2) that at most `max_false` of the benign prompts naming
+    a minor (by the lists) reach in "sexual"; and `hate_with_group`, the lowest (from its FLOOR, or
+    hate's threshold if higher) that at most `max_false` of the benign prompts naming a group reach
+    in "hate". A share, not the single worst prompt: with a few hundred such prompts, the worst one
+    alone moved a threshold by 0.1 each time prompts were added (one Muslim family before a mosque
+    in Seoul took hate beside a group from 0.8 to 0.85; hate on heldout-4 fell 0.917 -> 0.886)."""
     present = np.unique(y)
     folds = folds_of(y)
     probs = np.zeros((len(y), len(present)))
@@ -272,20 +275,23 @@ def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
         else:
             out[CLASSES[c]] = 0.95
     col = list(present).index(CLASSES.index("sexual"))
-    worst = probs[benign & minors, col].max(initial=0.0)
-    out["sexual_with_minor"] = _above(worst, 0.2)
+    out["sexual_with_minor"] = _above(probs[benign & minors, col], 0.2, max_false)
     # A people named (Muslim, Jewish, Roma) is where the model mistakes a mention for an attack:
-    # there "hate" counts from the lowest threshold that no benign prompt naming one reaches.
+    # there "hate" counts from a higher threshold, chosen on the benign prompts that name one.
     col = list(present).index(CLASSES.index("hate"))
-    worst = probs[benign & groups, col].max(initial=0.0)
-    out["hate_with_group"] = _above(worst, max(out["hate"], FLOOR["hate_with_group"]))
+    out["hate_with_group"] = _above(probs[benign & groups, col], max(out["hate"], FLOOR["hate_with_group"]),
+                                    max_false)
     return out
 
 
-def _above(worst: float, start: float) -> float:
-    """The lowest threshold on the 0.05 grid from `start` that `worst` stays under; 1.0 (never
-    reached) when even 0.95 is not enough."""
-    return round(float(min((t for t in np.arange(start, 0.951, 0.05) if t > worst), default=1.0)), 2)
+def _above(benign: np.ndarray, start: float, max_false: float) -> float:
+    """The lowest threshold on the 0.05 grid from `start` that more than `max_false` of the
+    `benign` probabilities do not reach (those strictly above it count); 1.0 (never reached) when
+    even 0.95 is not enough."""
+    for t in np.arange(start, 0.951, 0.05):
+        if (benign > t).mean() <= max_false if len(benign) else True:
+            return round(float(t), 2)
+    return 1.0
 
 
 def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING, teacher: Path = TEACHER) -> dict:
