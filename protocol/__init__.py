@@ -44,9 +44,10 @@ from protocol.models import (
     WorkerStatus,
     WorkerView,
     bidi_control,
+    parse_body,
 )
 
-__all__ = ["CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
+__all__ = ["parse_body", "CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
            "LeaseResponse", "ModelFigures", "ModelId", "ModelsView", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Exchange", "Exchanged", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
            "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerLimits", "WorkerModels", "WorkerStatus", "WorkerView",
            "BIDI_CONTROLS", "bidi_control"]

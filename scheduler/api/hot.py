@@ -14,7 +14,6 @@ sends everything through FastAPI (for comparison)."""
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.routing import Match
 
-from protocol import Exchange, Heartbeat, LeaseRequest, Report, ReportBatch, SubmitTask
+from protocol import Exchange, Heartbeat, LeaseRequest, Report, ReportBatch, SubmitTask, parse_body
 from scheduler.api import reports, tasks, workers
 from scheduler.api.answer import Answer
 from scheduler.api.auth import admits, bearer_credentials
@@ -66,7 +65,9 @@ class HotPath:
     def __init__(self, app, fastapi: FastAPI) -> None:
         self.app = app
         self._fastapi = fastapi
-        self._routes = [(hot, _route(fastapi, hot.path)) for hot in HOT]
+        # By the path's last segment, which tells the hot routes apart: one route's match per
+        # request, not one per hot route (each a regex and FastAPI's route context).
+        self._routes = {last_segment(hot.path): (hot, _route(fastapi, hot.path)) for hot in HOT}
 
     async def __call__(self, scope, receive, send) -> None:
         found = self._match(scope)
@@ -84,7 +85,7 @@ class HotPath:
             return await self._handled(busy, request, scope, receive, send)
         received, body = await _read(receive)
         try:
-            data = hot.body.model_validate(json.loads(body)) if body is not None else None
+            data = parse_body(hot.body, body) if body is not None else None
         except Exception:  # noqa: BLE001 - FastAPI parses it again and answers as it always has
             data = None
         if data is None:
@@ -99,11 +100,12 @@ class HotPath:
     def _match(self, scope) -> tuple[Hot, dict] | None:
         if scope["type"] != "http" or scope["method"] != "POST" or not _json(scope):
             return None
-        for hot, route in self._routes:
-            match, child = route.matches(scope)
-            if match is Match.FULL:
-                return hot, child
-        return None
+        found = self._routes.get(last_segment(scope["path"]))
+        if found is None:
+            return None
+        hot, route = found
+        match, child = route.matches(scope)
+        return (hot, child) if match is Match.FULL else None
 
     async def _handled(self, exc: Exception, request: Request, scope, receive, send) -> None:
         """The app's own handler's answer (the store's 404/409, an HTTPException's 429), as FastAPI's
@@ -116,6 +118,10 @@ class HotPath:
         if inspect.isawaitable(response):
             response = await response
         await response(scope, receive, send)
+
+
+def last_segment(path: str) -> str:
+    return path.rpartition("/")[2]
 
 
 def _route(app: FastAPI, path: str) -> APIRoute:

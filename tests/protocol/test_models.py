@@ -82,3 +82,44 @@ def test_a_worker_may_advertise_its_limits_and_say_it_drained():
     with pytest.raises(ValidationError):
         WorkerLimits.model_validate({**limits, "max_side": 0})
     assert Heartbeat(status="drained", timestamp=0).status == "drained"
+
+
+BODIES = [
+    '{"input": {"prompt": "a cat"}}'.encode(),
+    '{"input": {"prompt": "un chat \\u00e9t\\u00e9, 😀"}}'.encode(),
+    '\ufeff{"input": {"prompt": "after a byte order mark"}}'.encode(),  # json.loads reads past it
+    '{"input": {"prompt": "a pair \\ud83d\\ude00"}}'.encode(),  # escaped, but a whole character
+    b'{"input": {"prompt": "lone \\ud83d"}}',
+    b'{"input": {"prompt": "lone \\uDFFF low"}}',
+    b'{"input": {"x": ["nested", {"deeper": "\\udc00"}], "prompt": "p"}}',
+    b'{"input": {"prompt": "encoded \xed\xa0\x80 surrogate"}}',  # not UTF-8: json.loads passes it
+    b'{"input": {"prompt": "an escaped backslash \\\\ud800 is text"}}',
+    '{"input": {"prompt": "utf-16"}}'.encode("utf-16"),
+    b'{"input": {"prompt": 5}}',
+    b'{"input": {"prompt": "x"}, "unknown": 1}',
+]
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_parse_body_gives_what_model_validate_gives(body):
+    import json
+
+    from protocol import parse_body
+
+    def outcome(fn):
+        try:
+            return fn().model_dump()
+        except ValidationError as e:
+            return [(err["loc"], err["msg"]) for err in e.errors()]
+
+    want = outcome(lambda: SubmitTask.model_validate(json.loads(body)))
+    assert outcome(lambda: parse_body(SubmitTask, body)) == want
+
+
+def test_parse_body_still_refuses_a_lone_surrogate_in_a_nested_model():
+    from protocol import Exchange, parse_body
+
+    body = (b'{"exchange_id": "x", "reports": [{"task_id": "t", "worker_id": "w", "lease_token": "k",'
+            b' "status": "failed", "error": {"code": "internal", "message": "bad \\udc00", "retryable": false}}]}')
+    with pytest.raises(ValidationError, match="lone surrogate"):
+        parse_body(Exchange, body)
