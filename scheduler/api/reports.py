@@ -10,7 +10,7 @@ from scheduler.api.auth import worker_auth
 from scheduler.api.deps import ServicesDep
 from scheduler.api.errors import status_of
 from scheduler.api.services import Services
-from scheduler.store import Cancelled, Refused, Unknown
+from scheduler.store import Cancelled, Moved, Refused, Unknown
 
 router = APIRouter(tags=["workers"], dependencies=[Depends(worker_auth)])
 
@@ -32,15 +32,15 @@ async def applied(svc: Services, reports: list[TaskReport], with_tasks: bool = T
     (with the task as the report left it, unless not `with_tasks`)."""
     metrics, waiters, watch = svc.metrics, svc.waiters, svc.watch
     items = [(r.task_id, r) for r in reports]  # a TaskReport is the Report it carries: not validated again
-    outcomes = await svc.store.reports.areport_many(items)
+    outcomes = await svc.store.reports.areport_many(items, views=with_tasks)
     results = []
     for (task_id, rep), out in zip(items, outcomes):
         metrics.reports.labels(rep.status, _outcome(out)).inc()
-        if isinstance(out, TaskView):
-            results.append(ReportOutcome(task_id=task_id, status_code=200, task=out if with_tasks else None))
-        else:
+        if isinstance(out, Exception):
             results.append(ReportOutcome(task_id=task_id, status_code=status_of(out), detail=str(out)))
-    if requeued := sum(isinstance(out, TaskView) and out.status == "queued" for out in outcomes):
+        else:
+            results.append(ReportOutcome(task_id=task_id, status_code=200, task=out if with_tasks else None))
+    if requeued := sum(not isinstance(out, Exception) and out.status == "queued" for out in outcomes):
         waiters.notify(requeued)
     watch.ended(task_id for (task_id, _), out in zip(items, outcomes) if _ended(out))
     return results
@@ -72,7 +72,7 @@ async def report_one(svc: Services, task_id: str, body: Report) -> Answer:
 
 def _ended(out: object) -> bool:
     """A report's outcome that ended its task (accepted final, or refused because cancelled)."""
-    return isinstance(out, Cancelled) or (isinstance(out, TaskView) and out.status in FINAL_STATUSES)
+    return isinstance(out, Cancelled) or (isinstance(out, (TaskView, Moved)) and out.status in FINAL_STATUSES)
 
 
 def _outcome(out: object) -> str:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scheduler.store.base import Cancelled, Claims, Refused, Reports, Store, Tasks, Unknown, Upkeep, Workers
+from scheduler.store.base import Cancelled, Claims, Moved, Refused, Reports, Store, Tasks, Unknown, Upkeep, Workers
 from scheduler.store.sqlite import SQLiteStore
 
-__all__ = ["Cancelled", "Claims", "Refused", "Reports", "SQLiteStore", "Store", "Tasks", "Unknown", "Upkeep",
+__all__ = ["Cancelled", "Claims", "Moved", "Refused", "Reports", "SQLiteStore", "Store", "Tasks", "Unknown", "Upkeep",
            "Workers", "open_store"]
 
 

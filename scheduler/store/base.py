@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from protocol import (
     Heartbeat,
@@ -24,6 +24,13 @@ from protocol import (
     WorkerModels,
     WorkerView,
 )
+
+
+class Moved(NamedTuple):
+    """A report's accepted outcome where its caller reads no more than the task's new status (an
+    exchange's): no view built, which is a tenth of such a call's CPU."""
+    task_id: str
+    status: str
 
 
 class Unknown(Exception):
@@ -123,10 +130,12 @@ class Reports(Protocol):
 
     async def areport(self, task_id: str, rep: Report) -> TaskView: ...
 
-    def report_many(self, items: list[tuple[str, Report]]) -> list[TaskView | Unknown | Refused]:
-        """Each report applied on its own, atomically, in order; a refused one returned as its error."""
+    def report_many(self, items: list[tuple[str, Report]], views: bool = True) -> list[TaskView | Moved | Unknown | Refused]:
+        """Each report applied on its own, atomically, in order; a refused one returned as its error;
+        an accepted one as the task's view, or (not `views`) as what it moved the task to."""
 
-    async def areport_many(self, items: list[tuple[str, Report]]) -> list[TaskView | Unknown | Refused]: ...
+    async def areport_many(self, items: list[tuple[str, Report]],
+                           views: bool = True) -> list[TaskView | Moved | Unknown | Refused]: ...
 
     def cancel(self, task_id: str) -> TaskView:
         """Queued: `cancelled` at once. Leased or processing: marked (cancel_requested_at); its
