@@ -12,12 +12,12 @@ from typing import Any
 
 from protocol import CANCELLED_MARK, FINAL_STATUSES, Report, TaskView
 from scheduler import leases
-from scheduler.store.base import Cancelled, Refused, Unknown
+from scheduler.store.base import Cancelled, Moved, Refused, Unknown
 from scheduler.store.database import Database, task_row
 from scheduler.store.lifecycle import HELD, WEBHOOK_ENDED, WEBHOOK_STARTED, end_cancelled, lease_held, release
 from scheduler.store.plans import Plan, Read, Write, WriteEach, one
 
-Reported = TaskView | Unknown | Refused
+Reported = TaskView | Moved | Unknown | Refused
 
 
 class SQLReports:
@@ -32,17 +32,18 @@ class SQLReports:
     async def areport(self, task_id: str, rep: Report) -> TaskView:
         return _raised((await self.areport_many([(task_id, rep)]))[0])
 
-    def report_many(self, items: list[tuple[str, Report]]) -> list[Reported]:
+    def report_many(self, items: list[tuple[str, Report]], views: bool = True) -> list[Reported]:
         """Several reports, each applied on its own and atomically: a refused one (Unknown, Refused,
-        returned in its place) changes nothing and does not stop the others."""
+        returned in its place) changes nothing and does not stop the others. An accepted one comes
+        back as the task's view, or (not `views`) as what it moved the task to."""
         if _alike(items):
-            return self._store._run(self._round(items))
-        return self._each(items)
+            return self._store._run(self._round(items, views))
+        return self._each(items, views)
 
-    async def areport_many(self, items: list[tuple[str, Report]]) -> list[Reported]:
+    async def areport_many(self, items: list[tuple[str, Report]], views: bool = True) -> list[Reported]:
         if _alike(items):
-            return await self._store._areports(self._round(items))
-        return await self._store.acall(self._each, items)
+            return await self._store._areports(self._round(items, views))
+        return await self._store.acall(self._each, items, views)
 
     def cancel(self, task_id: str) -> TaskView:
         now = self._store.clock()
@@ -57,7 +58,7 @@ class SQLReports:
                 row = one(db, end_cancelled(task_id, "while queued", now))
         return self._store.view(row)
 
-    def _round(self, items: list[tuple[str, Report]]) -> Plan:
+    def _round(self, items: list[tuple[str, Report]], views: bool = True) -> Plan:
         """`processing` or `succeeded` reports of distinct tasks (a round's): their statements sent
         together; the refused ones told apart afterwards."""
         now = self._store.clock()
@@ -68,15 +69,34 @@ class SQLReports:
             row = changed.get(task_id)
             if row is None:
                 row = yield from self._refused(task_id, rep, now)
-            out.append(row if isinstance(row, Exception) else self._store.view(row))
+            out.append(self._outcome(row, views))
         return out
 
-    def _each(self, items: list[tuple[str, Report]]) -> list[Reported]:
+    def _each(self, items: list[tuple[str, Report]], views: bool = True) -> list[Reported]:
         now = self._store.clock()
+        # A task's start and its result in one call (an exchange's, in steady state): one UPDATE,
+        # where no view is asked for (the note's outcome is then what it did, a move to processing).
+        ends = {} if views else _started_then_ended(items)
+        done: list[Any] = [None] * len(items)  # a row or an error each: never None once applied
         with self._store._tx() as db:
-            done = [self._store._run_in(db, self._one(task_id, rep, now)) for task_id, rep in items]
-            self._store._notify(db, sum(not isinstance(d, Exception) and d["status"] == "queued" for d in done))
-        return [d if isinstance(d, Exception) else self._store.view(d) for d in done]
+            for k, (task_id, rep) in enumerate(items):
+                if done[k] is not None:
+                    continue
+                if (j := ends.get(k)) is not None:
+                    row = self._store._run_in(db, self._started_succeeded(task_id, rep, items[j][1], now))
+                    if row is not None:
+                        done[k], done[j] = Moved(task_id, "processing"), row
+                        continue
+                    # Refused: each applied on its own, to be told apart as it would be alone.
+                done[k] = self._store._run_in(db, self._one(task_id, rep, now))
+            self._store._notify(db, sum(not isinstance(d, (Exception, Moved)) and d["status"] == "queued" for d in done))
+        return [self._outcome(d, views) for d in done]
+
+    def _outcome(self, row: Any, views: bool) -> Reported:
+        """A report's outcome from the row it left (or the error refusing it)."""
+        if isinstance(row, (Exception, Moved)):
+            return row
+        return self._store.view(row) if views else Moved(row["id"], row["status"])
 
     def _one(self, task_id: str, rep: Report, now: float) -> Plan:
         """One report, inside a transaction (`_run_in`: a failure's read keeps its row locked): the
@@ -95,14 +115,23 @@ class SQLReports:
                          f" started_at = COALESCE(started_at, {self._store.GREATEST}(created_at, ?)) WHERE {fence}"
                          " RETURNING *", (leases.deadline(now, self._store.lease_ttl_s), now, started, *args))
         if rep.status == "succeeded":
-            return Write("UPDATE tasks SET status = 'succeeded', result = ?, error = NULL, lease_token = NULL,"
-                         f" lease_deadline = NULL, updated_at = ?, finished_at = ?, {WEBHOOK_ENDED} WHERE {fence}"
-                         " RETURNING *", (rep.result.model_dump_json(), now, now, *args))
+            return Write(f"UPDATE tasks SET {SUCCEEDED} WHERE {fence} RETURNING *",
+                         (rep.result.model_dump_json(), now, now, *args))
         # Released: leased but never started (the worker is going down): back in the queue, and the
         # attempt does not count. The last error, if any, is kept.
         return Write(f"UPDATE tasks SET status = 'queued', attempts = {self._store.GREATEST}(attempts - 1, 0),"
                      f" lease_token = NULL, lease_deadline = NULL, updated_at = ? WHERE {fence} RETURNING *",
                      (now, *args))
+
+    def _started_succeeded(self, task_id: str, note: Report, final: Report, now: float) -> Plan:
+        """A `processing` note and the `succeeded` report after it, as one UPDATE: the row it left,
+        or None when it changed nothing."""
+        fence, args = _fence(task_id, final, now)
+        started = now if note.at is None else min(note.at, now)
+        rows = yield Write(f"UPDATE tasks SET {SUCCEEDED}, started_at = COALESCE(started_at,"
+                           f" {self._store.GREATEST}(created_at, ?)) WHERE {fence} RETURNING *",
+                           (final.result.model_dump_json(), now, now, started, *args))
+        return rows[0] if rows else None
 
     def _failed(self, task_id: str, rep: Report, now: float) -> Plan:
         """A failure: requeued only if the worker says a retry can help and attempts remain."""
@@ -127,6 +156,28 @@ class SQLReports:
         if _replayed(found[0], rep):
             return found[0]
         return Refused(f"lease on task {task_id} is not held by this token (status {found[0]['status']})")
+
+
+# A `succeeded` report's change; parameters: the result, then now twice. (The started webhook's
+# mark is not needed beside it: the ended one is set whenever there is a webhook.)
+SUCCEEDED = ("status = 'succeeded', result = ?, error = NULL, lease_token = NULL, lease_deadline = NULL,"
+             f" updated_at = ?, finished_at = ?, {WEBHOOK_ENDED}")
+
+
+def _started_then_ended(items: list[tuple[str, Report]]) -> dict[int, int]:
+    """Where a task's `processing` note is followed, next for that task, by its `succeeded` report
+    under the same lease: the note's place -> the result's."""
+    last: dict[str, int] = {}
+    out = {}
+    for k, (task_id, rep) in enumerate(items):
+        i = last.get(task_id)
+        if i is not None:
+            before = items[i][1]
+            if (before.status == "processing" and rep.status == "succeeded" and before.worker_id == rep.worker_id
+                    and before.lease_token == rep.lease_token):
+                out[i] = k
+        last[task_id] = k
+    return out
 
 
 def _fence(task_id: str, rep: Report, now: float) -> tuple[str, tuple]:

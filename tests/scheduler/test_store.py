@@ -439,3 +439,59 @@ def test_taking_back_held_tasks_and_losing_a_worker_are_logged(make_store, clock
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert said == [f"task {held.id} requeued: worker_lost (worker {quiet}, attempt 1 of 3)",
                     f"worker {quiet} (h) lost: no heartbeat for 7s; 1 held task(s) requeued, 0 failed for good"]
+
+
+SCENES = ["held", "cancel asked", "stale token", "lease expired", "already succeeded", "other worker"]
+
+
+def scene(store, clock, what: str):
+    """A task leased, in one of SCENES; its id, the worker's note and result for it, and what the
+    store's row then is (to compare)."""
+    w = worker(store)
+    t = submit(store)
+    lease, = store.claims.claim(w, 1)
+    token = lease.lease_token
+    clock.now += 1.0
+    if what == "cancel asked":
+        store.reports.cancel(t.id)
+    elif what == "stale token":
+        token = "stale"
+    elif what == "lease expired":
+        clock.now += 11.0
+    elif what == "already succeeded":
+        store.reports.report(t.id, ok(token, w))
+    elif what == "other worker":
+        w = worker(store)
+    note = Report(worker_id=w, lease_token=token, status="processing", at=clock() - 0.5)
+    return t.id, note, ok(token, w)
+
+
+def essence(out):
+    """An outcome as a caller reads it: an error's kind, or the task's status."""
+    return type(out).__name__ if isinstance(out, Exception) else out.status
+
+
+def row_of(store, task_id):
+    t = store.tasks.get(task_id)
+    return (t.status, t.started_at, t.result, t.error.code if t.error else None, t.finished_at is not None)
+
+
+@pytest.mark.parametrize("what", SCENES)
+def test_a_note_and_result_of_one_task_as_one_update_end_as_each_on_its_own(make_store, clock, what):
+    # Without views (an exchange's reports), a task's processing note and its succeeded report are
+    # one UPDATE; whatever the task's state, the outcomes and the row are those of each alone.
+    one, each = make_store(lease_ttl_s=10.0), make_store(lease_ttl_s=10.0)
+    a = scene(one, clock, what)
+    b = scene(each, clock, what)
+    tried = []
+    real = one.reports._started_succeeded
+    one.reports._started_succeeded = lambda *args: (tried.append(args[0]), (yield from real(*args)))[1]
+    merged = one.reports.report_many([(a[0], a[1]), (a[0], a[2])], views=False)
+    assert tried == [a[0]]  # the one UPDATE was tried (refused, each then applied alone)
+    alone = [each.reports.report_many([(b[0], b[1])])[0], each.reports.report_many([(b[0], b[2])])[0]]
+    assert [essence(o) for o in merged] == [essence(o) for o in alone]
+    assert row_of(one, a[0])[0] == row_of(each, b[0])[0]
+    if what == "held":
+        assert [essence(o) for o in merged] == ["processing", "succeeded"]
+        status, started_at, result, _, finished = row_of(one, a[0])
+        assert started_at == a[1].at and result is not None and finished  # the worker's start, kept
