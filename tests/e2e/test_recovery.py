@@ -14,19 +14,21 @@ from tests.harness import rank_pid, ready_worker
 pytestmark = pytest.mark.integration  # starts processes or servers (tests/tiers.py)
 
 
-def test_task_of_a_killed_worker_is_completed_once_by_a_restarted_worker(make_stack):
+@pytest.mark.parametrize("exchange", [False, True], ids=["calls", "exchange"])
+def test_task_of_a_killed_worker_is_completed_once_by_a_restarted_worker(make_stack, exchange):
     # One rank each: the lease's expiry and the one object are the scheduler's and the store's
-    # doing; what a group of ranks does when one dies is in the tests below.
+    # doing; what a group of ranks does when one dies is in the tests below. With the exchange, the
+    # worker dies between the call that told its start and the one that would carry its result.
     stack = make_stack(lease_ttl=3.0)
     # 1024x1024 takes a few seconds on the tiny model: long enough to kill the worker mid-task.
     task = stack.client.submit({"prompt": "a slow one", "width": 1024, "height": 1024})
-    first = stack.worker(nproc=1)
+    first = stack.worker(nproc=1, overrides=[f"queue.exchange={str(exchange).lower()}"])
     wait_until(lambda: stack.client.task(task["id"])["status"] == "processing", 120, "processing", first)
     first_id = stack.client.task(task["id"])["worker_id"]
     first.kill()  # SIGKILL to torchrun and both ranks: no drain, no report
     assert stack.client.task(task["id"])["status"] == "processing"
 
-    second = stack.worker(nproc=1)
+    second = stack.worker(nproc=1, overrides=[f"queue.exchange={str(exchange).lower()}"])
     done = stack.client.wait([task["id"]], 120, proc=second)[task["id"]]
     assert done["status"] == "succeeded" and done["attempts"] == 2
     assert done["worker_id"] != first_id
