@@ -7,10 +7,10 @@ scheduler does (open loop: a slow queue gets a backlog, not a politer load). Eac
 worker does; each worker also heartbeats every --heartbeat-s with what it holds.
 
 Two fleet shapes: `gpu` (one worker per GPU) and `node` (8-GPU nodes, 8 wide). Two protocols:
-`calls` (default: leases of 1 or up to 8, then a `processing` and a `succeeded` report per task,
-one call each for a GPU, one POST /v1/reports per status for a node) and `--protocol exchange`
-(bench/fleet_exchange.py: one call per task in steady state, as the dit-worker speaks it with
-queue.exchange = true).
+`exchange` (default; bench/fleet_exchange.py: one call per task in steady state, as the dit-worker
+speaks it by default, queue.exchange = true) and `--protocol calls` (leases of 1 or up to 8, then a
+`processing` and a `succeeded` report per task, one call each for a GPU, one POST /v1/reports per
+status for a node; queue.exchange = false).
 
 Each row: the store (SQLite, or PostgreSQL with one or two scheduler processes, the workers and
 clients split between them), durable settings as a user runs them (SQLite synchronous=FULL;
@@ -671,9 +671,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--together", action="store_true",
                    help="the workers register while the clients already submit (a fleet coming up against the "
                         "fresh process each row starts), instead of all before them")
-    p.add_argument("--protocol", choices=("calls", "exchange"), default="calls",
-                   help="calls: separate lease, processing and succeeded calls, as the dit-worker makes them by "
-                        "default; exchange: one call per task in steady state (queue.exchange = true)")
+    p.add_argument("--protocol", choices=("calls", "exchange"), default="exchange",
+                   help="exchange: one call per task in steady state, as the dit-worker makes them by default "
+                        "(queue.exchange = true); calls: separate lease, processing and succeeded calls "
+                        "(queue.exchange = false)")
     p.add_argument("--repeat", type=int, default=1, help="each row this many times, a fresh process each")
     p.add_argument("--out", type=Path, default=Path("var/bench/fleet.json"))
     args = p.parse_args(argv)

@@ -28,7 +28,8 @@ def test_retry_after_is_set_against_the_wait_of_tasks_admitted_in_the_same_secon
 def test_a_short_run_on_the_trivial_server_and_sqlite_completes_what_it_offers(tmp_path, capsys):
     out = tmp_path / "fleet.json"
     assert fleet_bench.main(["--gpus", "8", "--seconds", "2", "--work-s", "0.2", "--stores", "trivial,sqlite",
-                             "--shapes", "gpu,node", "--overload-gpus", "0", "--out", str(out)]) == 0
+                             "--shapes", "gpu,node", "--overload-gpus", "0", "--protocol", "calls",
+                             "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     rows = {(r["store"], r["shape"]): r for r in report["rows"]}
     assert set(rows) == {("trivial", "gpu"), ("trivial", "node"), ("sqlite", "gpu"), ("sqlite", "node")}

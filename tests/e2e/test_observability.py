@@ -66,7 +66,9 @@ def test_both_metrics_endpoints_move_as_tasks_succeed_and_fail(tmp_path, tiny_mo
         assert at(after, "dit_scheduler_reports_total", status="succeeded", outcome="accepted") == 2
         assert at(after, "dit_scheduler_reports_total", status="failed", outcome="accepted") == 2
         assert at(after, "dit_scheduler_workers", status="ready") == 1
-        assert at(after, "dit_scheduler_request_seconds_count", method="POST", route="/v1/reports", code="200") >= 1
+        # The worker's calls (queue.exchange, the default): leases and reports in exchanges.
+        assert at(after, "dit_scheduler_request_seconds_count", method="POST",
+                  route="/v1/workers/{worker_id}/exchange", code="200") >= 1
 
         view = settled_worker(stack)  # its counters after a heartbeat that follows every report
         w = scrape(ops)

@@ -29,10 +29,10 @@ class QueueConfig(Section):
     lease_ahead: int = Field(0, ge=0, le=1024, description="tasks held ahead of generation; 0: auto")
     heartbeat_interval_s: float = Field(30.0, gt=0, description="seconds between heartbeats, which renew the "
                                         "leases of the tasks held")
-    exchange: bool = Field(False, description=(
-        "lease and report in one call (POST /v1/workers/{id}/exchange): one call per task in steady "
-        "state, but not yet cheaper for the scheduler under a fleet's load (docs/queue.md); false: "
-        "separate lease and report calls. A scheduler without it turns it off by itself"))
+    exchange: bool = Field(True, description=(
+        "lease and report in one call (POST /v1/workers/{id}/exchange): half the calls per task, and "
+        "a fleet's load held with fewer refusals (docs/queue.md); false: separate lease and report "
+        "calls. A scheduler without it turns it off by itself"))
     lease_hold_s: float = Field(2.0, ge=0, le=60, description=(
         "with the exchange: how long a request for more tasks waits, while a round is still ready, "
         "for a report's call to carry it; 0: asked at once"))
