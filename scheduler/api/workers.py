@@ -83,7 +83,7 @@ async def exchange_of(svc: Services, worker_id: str, body: Exchange, request: Re
     holds, then its new leases: to a retry, those its exchange claimed first if it still holds them,
     else a claim (long-polling up to wait_s), tagged with its exchange_id."""
     store = svc.store
-    cancelled = await store.acall(store.claims.cancelled_among, worker_id, body.held) if body.held else []
+    cancelled = await store.claims.acancelled_among(worker_id, body.held) if body.held else []
     got: list[Lease] = []
     if body.retry and body.max_tasks:
         got = await store.acall(store.claims.claimed, worker_id, body.exchange_id)

@@ -122,6 +122,8 @@ class Claims(Protocol):
     def cancelled_among(self, worker_id: str, task_ids: list[str]) -> list[str]:
         """Which of the tasks the worker holds a client cancelled."""
 
+    async def acancelled_among(self, worker_id: str, task_ids: list[str]) -> list[str]: ...
+
 
 class Reports(Protocol):
     """Reports and outcomes."""

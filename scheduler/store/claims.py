@@ -48,10 +48,16 @@ class SQLClaims:
 
     def cancelled_among(self, worker_id: str, task_ids: list[str]) -> list[str]:
         """Which of the tasks `worker_id` holds a client cancelled."""
+        return self._store._run(self._cancelled_among(worker_id, task_ids))
+
+    async def acancelled_among(self, worker_id: str, task_ids: list[str]) -> list[str]:
+        """cancelled_among from the event loop (PostgreSQL: on it, not on a thread)."""
+        return await self._store._arun(self._cancelled_among(worker_id, task_ids))
+
+    def _cancelled_among(self, worker_id: str, task_ids: list[str]) -> Plan:
         in_ids, ids = self._store._ids(task_ids)
-        rows = self._store._read().execute(
-            f"SELECT id FROM tasks WHERE {in_ids} AND worker_id = ? AND cancel_requested_at IS NOT NULL",
-            (ids, worker_id)).fetchall()
+        rows = yield Read(f"SELECT id FROM tasks WHERE {in_ids} AND worker_id = ? AND cancel_requested_at IS NOT NULL",
+                          (ids, worker_id))
         return sorted(r["id"] for r in rows)
 
     def _plan(self, worker_id: str, max_tasks: int, resident: list[str] | None, claim_id: str | None) -> Plan:

@@ -38,11 +38,15 @@ class SQLReports:
         back as the task's view, or (not `views`) as what it moved the task to."""
         if _alike(items):
             return self._store._run(self._round(items, views))
+        if not views and _moves_only(items):
+            return self._store._run(self._mixed(items))
         return self._each(items, views)
 
     async def areport_many(self, items: list[tuple[str, Report]], views: bool = True) -> list[Reported]:
         if _alike(items):
             return await self._store._areports(self._round(items, views))
+        if not views and _moves_only(items):
+            return await self._store._areports(self._mixed(items))
         return await self._store.acall(self._each, items, views)
 
     def cancel(self, task_id: str) -> TaskView:
@@ -72,29 +76,50 @@ class SQLReports:
             out.append(self._outcome(row, views))
         return out
 
+    def _mixed(self, items: list[tuple[str, Report]]) -> Plan:
+        """An exchange's reports (`_moves_only`): `processing` notes, `succeeded` results, and a
+        task's note with its result, which is one UPDATE. One statement per kind, sent together
+        where the backend can (the first group-committed on PostgreSQL); each refused one then
+        applied or told apart on its own, as it would be alone. Outcomes without views."""
+        now = self._store.clock()
+        ends = _started_then_ended(items)
+        paired = set(ends.values())
+        kinds: dict[str, list[tuple[int, Write]]] = {}
+        for k, (task_id, rep) in enumerate(items):
+            if k in paired:
+                continue
+            move = (self._started_succeeded(task_id, rep, items[ends[k]][1], now) if k in ends
+                    else self._move(task_id, rep, now))
+            kinds.setdefault(move.sql, []).append((k, move))
+        changed: dict[str, Any] = {}
+        for moves in kinds.values():
+            changed.update((r["id"], r) for r in (yield WriteEach(moves[0][1].sql, [m.args for _, m in moves])))
+        out: list[Reported | None] = [None] * len(items)
+        for k, (task_id, rep) in enumerate(items):
+            if k in paired:
+                continue
+            row = changed.get(task_id)
+            if k in ends:
+                if row is not None:
+                    out[k], out[ends[k]] = Moved(task_id, "processing"), self._outcome(row, False)
+                    continue
+                # Refused: each on its own, to be told apart as it would be alone.
+                out[k] = self._outcome((yield from self._one(task_id, rep, now)), False)
+                out[ends[k]] = self._outcome((yield from self._one(task_id, items[ends[k]][1], now)), False)
+                continue
+            out[k] = self._outcome(row if row is not None else (yield from self._refused(task_id, rep, now)), False)
+        return out
+
     def _each(self, items: list[tuple[str, Report]], views: bool = True) -> list[Reported]:
         now = self._store.clock()
-        # A task's start and its result in one call (an exchange's, in steady state): one UPDATE,
-        # where no view is asked for (the note's outcome is then what it did, a move to processing).
-        ends = {} if views else _started_then_ended(items)
-        done: list[Any] = [None] * len(items)  # a row or an error each: never None once applied
         with self._store._tx() as db:
-            for k, (task_id, rep) in enumerate(items):
-                if done[k] is not None:
-                    continue
-                if (j := ends.get(k)) is not None:
-                    row = self._store._run_in(db, self._started_succeeded(task_id, rep, items[j][1], now))
-                    if row is not None:
-                        done[k], done[j] = Moved(task_id, "processing"), row
-                        continue
-                    # Refused: each applied on its own, to be told apart as it would be alone.
-                done[k] = self._store._run_in(db, self._one(task_id, rep, now))
-            self._store._notify(db, sum(not isinstance(d, (Exception, Moved)) and d["status"] == "queued" for d in done))
+            done = [self._store._run_in(db, self._one(task_id, rep, now)) for task_id, rep in items]
+            self._store._notify(db, sum(not isinstance(d, Exception) and d["status"] == "queued" for d in done))
         return [self._outcome(d, views) for d in done]
 
     def _outcome(self, row: Any, views: bool) -> Reported:
         """A report's outcome from the row it left (or the error refusing it)."""
-        if isinstance(row, (Exception, Moved)):
+        if isinstance(row, Exception):
             return row
         return self._store.view(row) if views else Moved(row["id"], row["status"])
 
@@ -123,15 +148,13 @@ class SQLReports:
                      f" lease_token = NULL, lease_deadline = NULL, updated_at = ? WHERE {fence} RETURNING *",
                      (now, *args))
 
-    def _started_succeeded(self, task_id: str, note: Report, final: Report, now: float) -> Plan:
-        """A `processing` note and the `succeeded` report after it, as one UPDATE: the row it left,
-        or None when it changed nothing."""
+    def _started_succeeded(self, task_id: str, note: Report, final: Report, now: float) -> Write:
+        """A `processing` note and the `succeeded` report after it, as one UPDATE."""
         fence, args = _fence(task_id, final, now)
         started = now if note.at is None else min(note.at, now)
-        rows = yield Write(f"UPDATE tasks SET {SUCCEEDED}, started_at = COALESCE(started_at,"
-                           f" {self._store.GREATEST}(created_at, ?)) WHERE {fence} RETURNING *",
-                           (final.result.model_dump_json(), now, now, started, *args))
-        return rows[0] if rows else None
+        return Write(f"UPDATE tasks SET {SUCCEEDED}, started_at = COALESCE(started_at,"
+                     f" {self._store.GREATEST}(created_at, ?)) WHERE {fence} RETURNING *",
+                     (final.result.model_dump_json(), now, now, started, *args))
 
     def _failed(self, task_id: str, rep: Report, now: float) -> Plan:
         """A failure: requeued only if the worker says a retry can help and attempts remain."""
@@ -162,6 +185,16 @@ class SQLReports:
 # mark is not needed beside it: the ended one is set whenever there is a webhook.)
 SUCCEEDED = ("status = 'succeeded', result = ?, error = NULL, lease_token = NULL, lease_deadline = NULL,"
              f" updated_at = ?, finished_at = ?, {WEBHOOK_ENDED}")
+
+
+def _moves_only(items: list[tuple[str, Report]]) -> bool:
+    """Reports `_mixed` applies: `processing` and `succeeded` only, each task once, or its note then
+    its result under the same lease."""
+    if not all(rep.status in ("processing", "succeeded") for _, rep in items):
+        return False
+    ends = _started_then_ended(items)
+    once = [task_id for k, (task_id, _) in enumerate(items) if k not in ends.values()]
+    return len(set(once)) == len(once)
 
 
 def _started_then_ended(items: list[tuple[str, Report]]) -> dict[int, int]:

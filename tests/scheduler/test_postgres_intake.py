@@ -112,3 +112,38 @@ def test_closing_waits_for_a_batch_whose_callers_have_gone(store):
     asyncio.run(run())
     assert store._hot.intake.batches == 1
     assert sorted(t.input["prompt"] for t in store.tasks.list(None, 10, 0)) == [f"left {i}" for i in range(5)]
+
+
+def test_exchanges_arriving_together_go_on_the_loop_their_results_group_committed(store):
+    # An exchange's reports (a task's note with its result, another's note) and its cancel read
+    # run on the event loop, not on a thread; the results of exchanges arriving together share one
+    # batch, and a cancelled task's note is refused as it would be alone.
+    wid = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))[0]
+    for i in range(6):
+        store.tasks.submit(SubmitTask(input={"prompt": f"exchanged {i}"}))
+    leases = store.claims.claim(wid, 6)
+    store.reports.cancel(leases[5].task_id)
+    result = {"uri": "u", "content_type": "image/png", "width": 1, "height": 1, "seed": 1, "bytes": 1, "sha256": "s"}
+
+    def mine(le, status, **kw):
+        return le.task_id, Report(worker_id=wid, lease_token=le.lease_token, status=status, **kw)
+
+    calls = [[mine(le, "processing", at=0.0), mine(le, "succeeded", result=result), mine(nxt, "processing")]
+             for le, nxt in ((leases[0], leases[3]), (leases[1], leases[4]), (leases[2], leases[5]))]
+
+    async def exchange_all():
+        threads = asyncio.to_thread  # nothing of an exchange may go there
+        asyncio.to_thread = None
+        try:
+            return await asyncio.gather(*[store.reports.areport_many(c, views=False) for c in calls],
+                                        store.claims.acancelled_among(wid, [le.task_id for le in leases]))
+        finally:
+            asyncio.to_thread = threads
+
+    *outs, cancelled = on_loop(store, exchange_all)
+    assert cancelled == [leases[5].task_id]
+    assert [[o.status if not isinstance(o, Exception) else type(o).__name__ for o in out] for out in outs] == [
+        ["processing", "succeeded", "processing"]] * 2 + [["processing", "succeeded", "Cancelled"]]
+    assert store._hot.reports.batches == 1
+    assert [store.tasks.get(le.task_id).status for le in leases] == ["succeeded"] * 3 + ["processing"] * 2 + [
+        "cancelled"]

@@ -485,7 +485,7 @@ def test_a_note_and_result_of_one_task_as_one_update_end_as_each_on_its_own(make
     b = scene(each, clock, what)
     tried = []
     real = one.reports._started_succeeded
-    one.reports._started_succeeded = lambda *args: (tried.append(args[0]), (yield from real(*args)))[1]
+    one.reports._started_succeeded = lambda *args: (tried.append(args[0]), real(*args))[1]
     merged = one.reports.report_many([(a[0], a[1]), (a[0], a[2])], views=False)
     assert tried == [a[0]]  # the one UPDATE was tried (refused, each then applied alone)
     alone = [each.reports.report_many([(b[0], b[1])])[0], each.reports.report_many([(b[0], b[2])])[0]]
@@ -495,3 +495,24 @@ def test_a_note_and_result_of_one_task_as_one_update_end_as_each_on_its_own(make
         assert [essence(o) for o in merged] == ["processing", "succeeded"]
         status, started_at, result, _, finished = row_of(one, a[0])
         assert started_at == a[1].at and result is not None and finished  # the worker's start, kept
+
+
+def test_an_exchanges_mixed_reports_end_as_each_on_its_own(make_store, clock):
+    # Notes of tasks just started, results alone, and a task's note with its result, each task in
+    # one of SCENES: sent together (one statement per kind), outcomes and rows as if sent one by one.
+    one, each = make_store(lease_ttl_s=10.0), make_store(lease_ttl_s=10.0)
+
+    def batch(store):
+        items = []
+        for i, what in enumerate(sorted(SCENES, key=lambda w: w != "lease expired")):  # its wait first
+            task_id, note, result = scene(store, clock, what)
+            items += [[(task_id, note)], [(task_id, result)], [(task_id, note), (task_id, result)]][i % 3]
+        return items
+
+    mine = batch(one)  # made and sent before the other store's (their clock is one)
+    assert len({t for t, _ in mine}) == len(SCENES)
+    together = one.reports.report_many(mine, views=False)
+    theirs = batch(each)
+    alone = [each.reports.report_many([item])[0] for item in theirs]
+    assert [essence(o) for o in together] == [essence(o) for o in alone]
+    assert [row_of(one, t)[0] for t, _ in mine] == [row_of(each, t)[0] for t, _ in theirs]
