@@ -3,7 +3,9 @@ unexpired lease (lifecycle.lease_held) and only if no client cancelled it: its o
 conditional UPDATE, except a failure's, whose retry depends on the attempts left (a locked read,
 then the UPDATE). A report that changed nothing is told apart afterwards by a read. A round's
 `processing` or `succeeded` reports are one UPDATE per task, sent together (PostgreSQL: pipelined,
-one round trip); other reports share one transaction, each applied on its own."""
+one round trip), and so are an exchange's, one statement per kind (a task's note with its result is
+one UPDATE); other reports share one transaction, each applied on its own. SQLReports runs the
+reports; ReportChanges holds what one report does to its task's row."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ Reported = TaskView | Moved | Unknown | Refused
 class SQLReports:
     def __init__(self, store: Database) -> None:
         self._store = store
-        self._started = WEBHOOK_STARTED.format(wants=store.WANTS_STARTED)
+        self._changes = ReportChanges(store)
 
     def report(self, task_id: str, rep: Report) -> TaskView:
         """Applies a worker's report if, and only if, it carries the task's current, unexpired lease."""
@@ -66,13 +68,13 @@ class SQLReports:
         """`processing` or `succeeded` reports of distinct tasks (a round's): their statements sent
         together; the refused ones told apart afterwards."""
         now = self._store.clock()
-        moves = [self._move(task_id, rep, now) for task_id, rep in items]
+        moves = [self._changes.move(task_id, rep, now) for task_id, rep in items]
         changed = {r["id"]: r for r in (yield WriteEach(moves[0].sql, [m.args for m in moves]))}
         out: list[Reported] = []
         for task_id, rep in items:
             row = changed.get(task_id)
             if row is None:
-                row = yield from self._refused(task_id, rep, now)
+                row = yield from self._changes.refused(task_id, rep, now)
             out.append(self._outcome(row, views))
         return out
 
@@ -88,8 +90,8 @@ class SQLReports:
         for k, (task_id, rep) in enumerate(items):
             if k in paired:
                 continue
-            move = (self._started_succeeded(task_id, rep, items[ends[k]][1], now) if k in ends
-                    else self._move(task_id, rep, now))
+            move = (self._changes.started_succeeded(task_id, rep, items[ends[k]][1], now) if k in ends
+                    else self._changes.move(task_id, rep, now))
             kinds.setdefault(move.sql, []).append((k, move))
         changed: dict[str, Any] = {}
         for moves in kinds.values():
@@ -104,16 +106,16 @@ class SQLReports:
                     out[k], out[ends[k]] = Moved(task_id, "processing"), self._outcome(row, False)
                     continue
                 # Refused: each on its own, to be told apart as it would be alone.
-                out[k] = self._outcome((yield from self._one(task_id, rep, now)), False)
-                out[ends[k]] = self._outcome((yield from self._one(task_id, items[ends[k]][1], now)), False)
+                out[k] = self._outcome((yield from self._changes.one(task_id, rep, now)), False)
+                out[ends[k]] = self._outcome((yield from self._changes.one(task_id, items[ends[k]][1], now)), False)
                 continue
-            out[k] = self._outcome(row if row is not None else (yield from self._refused(task_id, rep, now)), False)
+            out[k] = self._outcome(row if row is not None else (yield from self._changes.refused(task_id, rep, now)), False)
         return out
 
     def _each(self, items: list[tuple[str, Report]], views: bool = True) -> list[Reported]:
         now = self._store.clock()
         with self._store._tx() as db:
-            done = [self._store._run_in(db, self._one(task_id, rep, now)) for task_id, rep in items]
+            done = [self._store._run_in(db, self._changes.one(task_id, rep, now)) for task_id, rep in items]
             self._store._notify(db, sum(not isinstance(d, Exception) and d["status"] == "queued" for d in done))
         return [self._outcome(d, views) for d in done]
 
@@ -123,14 +125,22 @@ class SQLReports:
             return row
         return self._store.view(row) if views else Moved(row["id"], row["status"])
 
-    def _one(self, task_id: str, rep: Report, now: float) -> Plan:
+class ReportChanges:
+    """What one report does to its task's row, as statements (plans): the UPDATE of each status,
+    a failure's locked read first, and why a report that changed nothing was refused."""
+
+    def __init__(self, store: Database) -> None:
+        self._store = store
+        self._started = WEBHOOK_STARTED.format(wants=store.WANTS_STARTED)
+
+    def one(self, task_id: str, rep: Report, now: float) -> Plan:
         """One report, inside a transaction (`_run_in`: a failure's read keeps its row locked): the
         row it left, or the error refusing it."""
-        rows = (yield from self._failed(task_id, rep, now)) if rep.status == "failed" else (
-            yield self._move(task_id, rep, now))
-        return rows[0] if rows else (yield from self._refused(task_id, rep, now))
+        rows = (yield from self.failed(task_id, rep, now)) if rep.status == "failed" else (
+            yield self.move(task_id, rep, now))
+        return rows[0] if rows else (yield from self.refused(task_id, rep, now))
 
-    def _move(self, task_id: str, rep: Report, now: float) -> Write:
+    def move(self, task_id: str, rep: Report, now: float) -> Write:
         """A `processing`, `succeeded` or `released` report's outcome: one UPDATE."""
         fence, args = _fence(task_id, rep, now)
         if rep.status == "processing":
@@ -148,7 +158,7 @@ class SQLReports:
                      f" lease_token = NULL, lease_deadline = NULL, updated_at = ? WHERE {fence} RETURNING *",
                      (now, *args))
 
-    def _started_succeeded(self, task_id: str, note: Report, final: Report, now: float) -> Write:
+    def started_succeeded(self, task_id: str, note: Report, final: Report, now: float) -> Write:
         """A `processing` note and the `succeeded` report after it, as one UPDATE."""
         fence, args = _fence(task_id, final, now)
         started = now if note.at is None else min(note.at, now)
@@ -156,7 +166,7 @@ class SQLReports:
                      f" {self._store.GREATEST}(created_at, ?)) WHERE {fence} RETURNING *",
                      (final.result.model_dump_json(), now, now, started, *args))
 
-    def _failed(self, task_id: str, rep: Report, now: float) -> Plan:
+    def failed(self, task_id: str, rep: Report, now: float) -> Plan:
         """A failure: requeued only if the worker says a retry can help and attempts remain."""
         fence, args = _fence(task_id, rep, now)
         rows = yield Read(f"SELECT attempts, max_attempts FROM tasks WHERE {fence}{self._store.LOCK_ROW}", args)
@@ -166,7 +176,7 @@ class SQLReports:
         nxt = leases.after_failure(error.retryable, rows[0]["attempts"], rows[0]["max_attempts"])
         return (yield release(task_id, nxt, error, now))
 
-    def _refused(self, task_id: str, rep: Report, now: float) -> Plan:
+    def refused(self, task_id: str, rep: Report, now: float) -> Plan:
         """Why a report changed nothing: no such task; a client cancelled it (then, whatever the
         worker says, the task ends here if the lease is still current); the same final report
         again (the task's row: answered as the first was); or the lease is not current."""

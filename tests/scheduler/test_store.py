@@ -484,8 +484,8 @@ def test_a_note_and_result_of_one_task_as_one_update_end_as_each_on_its_own(make
     a = scene(one, clock, what)
     b = scene(each, clock, what)
     tried = []
-    real = one.reports._started_succeeded
-    one.reports._started_succeeded = lambda *args: (tried.append(args[0]), real(*args))[1]
+    real = one.reports._changes.started_succeeded
+    one.reports._changes.started_succeeded = lambda *args: (tried.append(args[0]), real(*args))[1]
     merged = one.reports.report_many([(a[0], a[1]), (a[0], a[2])], views=False)
     assert tried == [a[0]]  # the one UPDATE was tried (refused, each then applied alone)
     alone = [each.reports.report_many([(b[0], b[1])])[0], each.reports.report_many([(b[0], b[2])])[0]]
