@@ -8,7 +8,7 @@ async, and the `dit` command built on it (client/cli.py).
         recent = dit.list_tasks(status="failed", limit=20)
 """
 
-from client.api import AsyncClient, Client
+from client.api import AsyncClient, Client, image_path
 from client.errors import (
     AuthError,
     ClientError,
@@ -23,4 +23,4 @@ from client.errors import (
 )
 
 __all__ = ["AsyncClient", "AuthError", "Client", "ClientError", "Conflict", "DownloadFailed", "InvalidRequest",
-           "RateLimited", "TaskFailed", "TaskNotEnded", "TaskNotFound", "Unavailable"]
+           "RateLimited", "TaskFailed", "TaskNotEnded", "TaskNotFound", "Unavailable", "image_path"]

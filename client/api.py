@@ -53,9 +53,10 @@ def _wait(state) -> float:
 
 
 def submit_body(prompt: str, *, width: int | None = None, height: int | None = None, steps: int | None = None,
-                seed: int | None = None, output_format: str | None = None, priority: int = 0,
-                idempotency_key: str | None = None, model: str | None = None, **extra: Any) -> dict:
-    given = {"width": width, "height": height, "steps": steps, "seed": seed, "output_format": output_format}
+                seed: int | None = None, output_format: str | None = None, num_images: int | None = None,
+                priority: int = 0, idempotency_key: str | None = None, model: str | None = None, **extra: Any) -> dict:
+    given = {"width": width, "height": height, "steps": steps, "seed": seed, "output_format": output_format,
+             "num_images": num_images}
     task_input = {"prompt": prompt, **{k: v for k, v in given.items() if v is not None}, **extra}
     body = {"input": task_input, "priority": priority, "idempotency_key": idempotency_key or uuid.uuid4().hex}
     return {**body, "model": model} if model else body  # none: the fleet's default
@@ -184,14 +185,15 @@ class Client(_Common):
     def workers(self) -> list[WorkerView]:
         return [WorkerView(**w) for w in self._call(self._request("GET", "/v1/workers"))]
 
-    def download(self, task: str | TaskView, path: str | Path) -> Path:
+    def download(self, task: str | TaskView, path: str | Path, index: int | None = None) -> Path:
         """The task's image to `path`, from its signed URL, a local file or GCS; checked against its
-        sha256. `task` is a TaskView or an id (then fetched first, without waiting). TaskFailed if it
-        failed or was cancelled, TaskNotEnded if it has not ended, DownloadFailed if the image
-        cannot be fetched from here."""
+        sha256. `task` is a TaskView or an id (then fetched first, without waiting); `index`, one of
+        its images (input.num_images), or the first stored. TaskFailed if it failed or was
+        cancelled, TaskNotEnded if it has not ended, DownloadFailed if the image cannot be fetched
+        from here or was withheld."""
         if isinstance(task, str):
             task = self.get(task)
-        path, result = _target(task, path)
+        path, result = _target(task, path, index)
         if result.url and result.url.startswith("https://"):
             with self._files.stream("GET", result.url) as resp:
                 _signed_url_ok(resp)
@@ -275,10 +277,10 @@ class AsyncClient(_Common):
     async def workers(self) -> list[WorkerView]:
         return [WorkerView(**w) for w in await self._call(self._request("GET", "/v1/workers"))]
 
-    async def download(self, task: str | TaskView, path: str | Path) -> Path:
+    async def download(self, task: str | TaskView, path: str | Path, index: int | None = None) -> Path:
         if isinstance(task, str):
             task = await self.get(task)
-        path, result = _target(task, path)
+        path, result = _target(task, path, index)
         if result.url and result.url.startswith("https://"):
             async with self._files.stream("GET", result.url) as resp:
                 _signed_url_ok(resp)
@@ -293,14 +295,29 @@ class AsyncClient(_Common):
 # ---------------------------------------------------------------- downloads, shared
 
 
-def _target(task: TaskView, path: str | Path):
+def _target(task: TaskView, path: str | Path, index: int | None = None):
     if task.status not in FINAL_STATUSES:
         raise TaskNotEnded(task)
     if task.status != "succeeded" or task.result is None:
         raise TaskFailed(task)
+    result = task.result
+    if index is not None and (index or result.images):
+        image = next((i for i in result.images if i.index == index), None)
+        if image is None:
+            raise DownloadFailed(f"task {task.id} has no image {index} (it made {len(result.images) or 1})")
+        if image.withheld is not None:
+            raise DownloadFailed(f"image {index} of task {task.id} was withheld: {image.withheld.message}")
+        result = image
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path, task.result
+    return path, result
+
+
+def image_path(path: str | Path, index: int) -> Path:
+    """Where image `index` of a task downloaded to `path` goes: `path` itself for the first,
+    `<stem>~<index><suffix>` beside it for the others (as the worker names its objects)."""
+    path = Path(path)
+    return path if index == 0 else path.with_name(f"{path.stem}~{index}{path.suffix}")
 
 
 def _signed_url_ok(resp: httpx.Response) -> None:

@@ -28,7 +28,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from client.api import Client, scheduler_url
+from client.api import Client, image_path, scheduler_url
 from client.errors import (ClientError, Conflict, DownloadFailed, InvalidRequest, TaskFailed, TaskNotEnded,
                            TaskNotFound)
 from protocol import FINAL_STATUSES, QueueFigures, RegistrationStatus, TaskList, TaskStatus, TaskView, WorkerView
@@ -115,7 +115,8 @@ def _line(text: str) -> None:
 def submit(dit: Client, args) -> int:
     width, height = args.size or (None, None)
     task = dit.submit(args.prompt, width=width, height=height, steps=args.steps, seed=args.seed,
-                      output_format=args.format or _format_of(args.output), priority=args.priority, model=args.model)
+                      output_format=args.format or _format_of(args.output), num_images=args.images,
+                      priority=args.priority, model=args.model)
     if not (args.wait or args.output):  # a file asked for is a result waited for
         _line(task.id)
         return Exit.OK
@@ -130,17 +131,42 @@ def submit(dit: Client, args) -> int:
     r = task.result
     err.print(f"[green]{task.id} succeeded[/] in {task.finished_at - task.created_at:.1f}s: "
               f"{r.width}x{r.height}, seed {r.seed}")
-    _line(str(dit.download(task, args.output)) if args.output else (r.url or r.uri))
+    if args.output:
+        _download_all(dit, task, args.output)
+    else:
+        for image in r.images or [r]:
+            if getattr(image, "withheld", None) is None:
+                _line(image.url or image.uri)
+        _say_withheld(task)
     return Exit.OK
 
 
 def download(dit: Client, args) -> int:
-    """A task's image by id: after `dit submit` without --wait, or a wait that ran out."""
+    """A task's images by id: after `dit submit` without --wait, or a wait that ran out."""
     task = dit.get(args.id)
     if args.wait:
         task = _await(dit, task, args.timeout)
-    _line(str(dit.download(task, args.output or _default_name(task))))
+    _download_all(dit, task, args.output or _default_name(task))
     return Exit.OK
+
+
+def _download_all(dit: Client, task: TaskView, output: str) -> None:
+    """Every stored image of the task: the first to `output`, image i to `<stem>~i<suffix>` beside it."""
+    images = task.result.images if task.result is not None else []
+    if len(images) <= 1:
+        _line(str(dit.download(task, output)))
+        return
+    for image in images:
+        if image.withheld is None:
+            _line(str(dit.download(task, image_path(output, image.index), image.index)))
+    _say_withheld(task)
+
+
+def _say_withheld(task: TaskView) -> None:
+    for image in task.result.images:
+        if image.withheld is not None:
+            err.print(f"image {image.index} (seed {image.seed}) withheld: {image.withheld.message}", markup=False,
+                      highlight=False)
 
 
 _SUFFIXES = {"image/png": ".png", "image/webp": ".webp", "image/jpeg": ".jpg"}
@@ -445,6 +471,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int)
     s.add_argument("--seed", type=int)
     s.add_argument("--format", choices=("png", "webp", "jpeg"))
+    s.add_argument("--images", type=int, help="how many images (seeds SEED, SEED+1, ...; default 1)")
     s.add_argument("--priority", type=int, default=0)
     s.add_argument("--model", help="one of the fleet's models (`dit models`); default: the fleet's default")
     s.add_argument("--wait", action="store_true", help="wait for the task to end, showing its progress on a terminal")

@@ -205,6 +205,31 @@ def test_download_by_id_writes_the_image_or_says_why_not(url, tmp_path):
     assert unknown.returncode == 4 and "check the id" in unknown.stderr
 
 
+def test_a_task_of_several_images_downloads_each_stored_one_and_names_the_withheld(url, tmp_path):
+    srcs = []
+    for i in (0, 2):
+        srcs.append(tmp_path / f"made~{i}.png")
+        srcs[-1].write_bytes(f"image {i}".encode())
+    stored = [{"index": i, "seed": 7 + i, "uri": src.as_uri(), "content_type": "image/png",
+               "bytes": src.stat().st_size, "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
+              for i, src in zip((0, 2), srcs)]
+    withheld = {"index": 1, "seed": 8, "withheld": {"code": "unsafe_image", "message": "image refused: nsfw 0.98",
+                                                    "retryable": False}}
+    report = {"status": "succeeded", "result": {**{k: stored[0][k] for k in ("uri", "content_type", "bytes", "sha256")},
+                                                "width": 384, "height": 256, "seed": 7,
+                                                "images": [stored[0], withheld, stored[1]]}}
+    task_id = dit(url, "submit", "three boats", "--images", "3", "--seed", "7", "--priority", TOP).stdout.strip()
+    with httpx.Client(base_url=url) as http:
+        assert http.get(f"/v1/tasks/{task_id}").json()["input"]["num_images"] == 3
+    assert serve(url, report) == task_id
+    got = dit(url, "download", task_id, "-o", str(tmp_path / "out" / "boat.png"))
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines() == [str(tmp_path / "out" / "boat.png"), str(tmp_path / "out" / "boat~2.png")]
+    assert (tmp_path / "out" / "boat~2.png").read_bytes() == b"image 2"
+    assert not (tmp_path / "out" / "boat~1.png").exists()
+    assert "image 1 (seed 8) withheld: image refused: nsfw 0.98" in got.stderr
+
+
 @pytest.fixture
 def empty_url(tmp_path):
     """A scheduler of its own, with nothing queued: the first task a lease gets is the one the test submits."""
