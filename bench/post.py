@@ -120,7 +120,7 @@ def measure(post, pixels: np.ndarray, n: int, width: int, height: int, fmt: str)
         post.ledger.hold(task, Stage.GENERATE)
         tasks.append(task)
     t0 = time.perf_counter()
-    results = [f.result() for f in [post.submit(t, Generated(Picture(pixels), [])) for t in tasks]]
+    results = [f.result() for f in [post.submit(t, Generated([Picture(pixels)], [])) for t in tasks]]
     seconds = time.perf_counter() - t0
     assert all(r is not None and hasattr(r, "uri") for r in results), results[:1]
     stages = {s: round(statistics.median(t.timings.as_dict()[s] for t in tasks), 1)

@@ -12,6 +12,7 @@ from protocol.models import (
     ErrorEnvelope,
     Heartbeat,
     HeartbeatReply,
+    ImageResult,
     Lease,
     LeaseRequest,
     LeaseResponse,
@@ -49,5 +50,5 @@ from protocol.models import (
 
 __all__ = ["parse_body", "CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
            "LeaseResponse", "ModelFigures", "ModelId", "ModelsView", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Exchange", "Exchanged", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
-           "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerLimits", "WorkerModels", "WorkerStatus", "WorkerView",
+           "ImageResult", "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerLimits", "WorkerModels", "WorkerStatus", "WorkerView",
            "BIDI_CONTROLS", "bidi_control"]

@@ -192,8 +192,34 @@ class ErrorEnvelope(_Strict):
     details: dict[str, Any] | None = None
 
 
+MAX_IMAGES = 64  # images one result may list
+
+
+class ImageResult(_Wire):
+    """One image of a task (input.num_images; image i has seed `seed + i`): stored, or withheld
+    because the image check refused it (nothing of it stored where results go)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    index: int = Field(ge=0, lt=MAX_IMAGES)
+    seed: int
+    uri: str | None = Field(None, max_length=4096)
+    url: str | None = Field(None, max_length=8192)
+    content_type: str | None = Field(None, max_length=200)
+    bytes: int | None = None
+    sha256: str | None = Field(None, max_length=128)
+    withheld: ErrorEnvelope | None = Field(None, description="why the image check refused it (code unsafe_image)")
+
+    @model_validator(mode="after")
+    def _stored_or_withheld(self) -> "ImageResult":
+        if (self.withheld is None) == (self.uri is None):
+            raise ValueError("an image is either stored (uri) or withheld (withheld), not both or neither")
+        return self
+
+
 class TaskResult(_Wire):
-    """What a worker delivers. Extra keys are kept so newer workers can add fields."""
+    """What a worker delivers. Extra keys are kept so newer workers can add fields. The top-level
+    fields describe the first image stored; `images` lists every image the task asked for."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
@@ -210,6 +236,8 @@ class TaskResult(_Wire):
     batch_size: int = Field(1, description="images generated together with this one on its rank")
     rank: int = Field(0, description="the rank that generated it (data-parallel mode)")
     model: str | None = Field(None, max_length=200, description="the model that made it")
+    images: list[ImageResult] = Field([], max_length=MAX_IMAGES, description=(
+        "every image of the task in index order, each stored or withheld; empty from a worker that predates it"))
 
 
 class TaskView(_Strict):
@@ -316,6 +344,8 @@ class WorkerLimits(_Strict):
     default_height: int = Field(ge=1)
     max_steps: int = Field(ge=1, description="steps lie in [1, max_steps]")
     output_formats: list[Annotated[str, StringConstraints(max_length=20)]] = Field(min_length=1, max_length=20)
+    # 1: a worker that predates num_images (it refuses the field as unknown).
+    max_images: int = Field(1, ge=1, description="num_images lies in [1, max_images]")
 
 
 class WorkerModels(_Strict):

@@ -132,9 +132,14 @@ class Guard:
 
     def screen_image(self, pixels: np.ndarray) -> Verdict | None:
         """None when the image check is off. Raises CheckFailed."""
+        return self.screen_images([pixels])[0]
+
+    def screen_images(self, images: list[np.ndarray]) -> list[Verdict | None]:
+        """One verdict per image, in one call of the check (None each when it is off). Raises
+        CheckFailed."""
         if self.image_check is None:
-            return None
-        return self._bounded("image", self.image_check.check, [pixels])[0]
+            return [None] * len(images)
+        return self._bounded("image", self.image_check.check, list(images))
 
     def inspect(self, pixels: np.ndarray, nonfinite: int) -> quality.Quality:
         q = self.cfg.quality

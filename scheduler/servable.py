@@ -1,7 +1,7 @@
 """Whether any live worker could serve a task's input, from the limits workers advertise when they
 register (protocol WorkerLimits): pure functions, so the rules are unit-tested apart from HTTP.
 
-Only values are checked against limits (prompt length, sizes, pixels, steps, output format), and every
+Only values are checked against limits (prompt length, sizes, pixels, steps, output format, images), and every
 one refused is named at once. Types and unknown fields are left to the worker, which fails such a task
 with a reason (a missing or blank prompt the protocol refuses before this). A
 fleet with no live worker, or with one that advertised no limits, may serve anything as far as the
@@ -16,7 +16,8 @@ from typing import Any
 from protocol import WorkerLimits
 
 # The order refusals are named in, by field and within a field by kind.
-FIELDS = ("input.prompt", "input.width", "input.height", "input", "input.steps", "input.output_format")
+FIELDS = ("input.prompt", "input.width", "input.height", "input", "input.steps", "input.output_format",
+          "input.num_images")
 KINDS = ("multiple", "above", "below", "format")
 
 
@@ -84,6 +85,11 @@ def refusals(inp: dict[str, Any], limits: WorkerLimits) -> list[Refusal]:
     fmt = inp.get("output_format")
     if isinstance(fmt, str) and fmt not in limits.output_formats:
         out.append(Refusal("input.output_format", "format", fmt, limits.output_formats))
+    images = inp.get("num_images")
+    if _is_int(images) and images > limits.max_images:
+        out.append(Refusal("input.num_images", "above", images, limits.max_images))
+    elif _is_int(images) and images < 1:
+        out.append(Refusal("input.num_images", "below", images, 1))
     return out
 
 

@@ -84,3 +84,13 @@ def test_an_input_each_worker_refuses_another_part_of_is_refused_naming_both():
     # 2048 wide: only BIG; 8 steps: only SMALL.
     assert refusal({"prompt": "x", "width": 2048, "steps": 8}, [SMALL, BIG]) == (
         "input: no live worker accepts all of it (input.steps: 8 is above 4; input.width: 2048 is above 1024)")
+
+
+def test_images_beyond_every_live_worker_are_refused_and_one_that_makes_them_serves():
+    four = limits(max_images=4)
+    assert refusal({"prompt": "a cat", "num_images": 2}, [SMALL]) == (
+        "input.num_images: 2 is above every live worker's limit (1)")  # SMALL predates num_images
+    assert refusal({"prompt": "a cat", "num_images": 4}, [SMALL, four]) is None
+    assert refusal({"prompt": "a cat", "num_images": 0}, [four]) == (
+        "input.num_images: 0 is below every live worker's minimum (1)")
+    assert refusal({"prompt": "a cat", "num_images": "4"}, [SMALL]) is None  # a type: the worker names it

@@ -25,7 +25,8 @@ def worker(http, limits=LIMITS) -> str:
 def test_an_input_no_live_worker_accepts_is_422_and_nothing_is_stored(make_store):
     with TestClient(create_app(make_store())) as http:
         wid = worker(http)
-        assert http.get("/v1/workers").json()[0]["limits"] == LIMITS
+        # A worker that says nothing of images makes one a task (it predates num_images).
+        assert http.get("/v1/workers").json()[0]["limits"] == {**LIMITS, "max_images": 1}
         refused = http.post("/v1/tasks", json={"input": TOO_WIDE})
         assert refused.status_code == 422 and refused.json()["detail"] == WHY
         batch = http.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "fits"}}, {"input": TOO_WIDE}]})
@@ -53,3 +54,13 @@ def test_admit_unservable_switches_the_check_off(make_store):
     with TestClient(create_app(make_store(), ApiConfig(gate=GateConfig(admit_unservable=True)))) as http:
         worker(http)
         assert http.post("/v1/tasks", json={"input": TOO_WIDE}).status_code == 201
+
+
+def test_more_images_than_any_live_worker_makes_is_422(make_store):
+    with TestClient(create_app(make_store())) as http:
+        worker(http, limits={**LIMITS, "max_images": 4})
+        worker(http, limits={**LIMITS, "max_images": 2})
+        refused = http.post("/v1/tasks", json={"input": {"prompt": "a harbour", "num_images": 5}})
+        assert refused.status_code == 422
+        assert refused.json()["detail"] == "input.num_images: 5 is above every live worker's limit (4)"
+        assert http.post("/v1/tasks", json={"input": {"prompt": "a harbour", "num_images": 4}}).status_code == 201

@@ -93,6 +93,9 @@ class LimitsConfig(Section):
     default_height: int = Field(768, description="height of a task that gives none, in pixels")
     default_steps: int = Field(4, ge=1, description="denoising steps of a task that gives none")
     max_steps: int = Field(8, ge=1, description="most denoising steps a task may ask for")
+    # Hosted FLUX APIs offer 1-4. A task's images share its rounds' batches (batch.max_size images a
+    # rank generates at once): more than that are made in several passes of one round.
+    max_images: int = Field(4, ge=1, le=16, description="most images one task may ask for (input.num_images)")
     # The first is the default; a task may ask for any other listed here. JPEG first: on a
     # photograph at 1360x768 it encodes in about 4 ms on one core, WebP in 29 (method 0), PNG in 78
     # at its fastest level (make bench-post); JPEG is also the default of hosted FLUX APIs.
@@ -192,7 +195,8 @@ class GCSConfig(Section):
 
     bucket: str = Field(min_length=3, max_length=222, description="the bucket's name")
     prefix: str = Field("results", description="{prefix} of object_name: the folder results go under")
-    # The date is the task's submission date, the same on every attempt: one object per task.
+    # The date is the task's submission date, the same on every attempt: one object per image. {task_id}
+    # is the task id for its first image, `<task id>~<index>` for the others (input.num_images).
     object_name: str = "{prefix}/{yyyy}/{mm}/{dd}/{task_id}.{ext}"
     project: str | None = Field(None, description="GCP project of the client; unset: inferred from the "
                                 "credentials or environment")

@@ -115,7 +115,9 @@ class Engine:
         # The noise is drawn on the host while the host queues the text encoders: drawn after them,
         # it left the GPU idle for 6-9 ms an image on an H100.
         noise = self._noise.submit(draw_noise, self.pipe, jobs, self.device)
-        embeds, pooled = zip(*(self.prompts.embed(j.prompt) for j in jobs))
+        # A prompt is embedded once a batch, however many of its images (num_images) the batch holds.
+        embedded = {prompt: self.prompts.embed(prompt) for prompt in dict.fromkeys(j.prompt for j in jobs)}
+        embeds, pooled = zip(*(embedded[j.prompt] for j in jobs))
         clock.mark("embedded")
         latents = noise.result()
 

@@ -1,4 +1,4 @@
-"""A job: one validated generation request, what every rank needs to produce the same image."""
+"""A job: one validated generation request, what every rank needs to produce the same images."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Job(BaseModel):
-    """One validated generation: what every rank needs to produce the same image."""
+    """One validated generation: what every rank needs to produce the same images. A job of
+    `num_images` images makes image i with seed `seed + i`, each as a job of one image would."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -18,3 +19,17 @@ class Job(BaseModel):
     seed: int | None
     output_format: str
     model: str | None = None  # the model that makes it (the worker's registry); None: the one loaded at start
+    num_images: int = 1
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Each image's seed, in image order (rank 0 draws the first before the broadcast)."""
+        if self.seed is None:
+            raise ValueError("job has no seed; rank 0 draws one before the broadcast")
+        return tuple(self.seed + i for i in range(self.num_images))
+
+    def images(self) -> list["Job"]:
+        """One job of one image per image, in image order: what the engine generates."""
+        if self.num_images == 1:
+            return [self]
+        return [self.model_copy(update={"seed": seed, "num_images": 1}) for seed in self.seeds]

@@ -2,7 +2,8 @@
 
 The coordinator broadcasts exactly one command per serve-loop turn (Idle keeps followers' collective
 waits short while the queue is empty). A Generate carries a round: one batch of jobs per slot;
-worker.ranks.sharing says which batch each rank generates. After generating, a gather of each rank's batch to the coordinator is
+worker.ranks.sharing says which batch each rank generates, and a job of several images is several
+rows of it, made in passes of at most the round's `per_pass` (the batch sizes warmed up). After generating, a gather of each rank's batch to the coordinator is
 the closing barrier: it learns every image and every failure, and no rank runs ahead.
 """
 
@@ -31,6 +32,9 @@ class Idle:
 @dataclass(frozen=True)
 class Generate:
     batches: tuple[tuple[Job, ...], ...]  # one per slot; each of one shape
+    # Images a rank generates in one pass (batch.max_size, the sizes warmed up): a batch of more
+    # images (a task's num_images) is made in several passes.
+    per_pass: int = 1
 
 
 @dataclass(frozen=True)
@@ -53,48 +57,66 @@ Command = Idle | Generate | Shutdown | Swap
 class Generated:
     """One job of a round, on the coordinator."""
 
-    picture: Picture | None  # None if a rank failed
+    pictures: list[Picture]  # its images in image order (seed, seed + 1, ...); none if a rank failed
     errors: list[str]  # one entry per failed rank, empty when all succeeded
-    # ms: embed, denoise, vae (its rank's batch), gather, generate (the whole round)
+    # ms: embed, denoise, vae (its rank's batch, its passes together), gather, generate (the whole round)
     timings: dict[str, float] = field(default_factory=dict)
-    batch_size: int = 1
+    batch_size: int = 1  # images its rank generated in one pass with its own
     rank: int = 0  # the rank that generated it
 
 
 def generate(engine: Engine, batches: Sequence[Sequence[Job]], ctx: DistContext, mode: str = "data",
-             group=None) -> list[Generated]:
+             group=None, per_pass: int = 1) -> list[Generated]:
     """Every rank calls this with the same round. The coordinator gets one Generated per job, in round
     order (batch by batch); the other ranks get an empty list."""
     t0 = time.perf_counter()
-    part = _run(engine, sharing.mine(batches, ctx.rank, mode), ctx)
+    part = _run(engine, sharing.mine(batches, ctx.rank, mode), per_pass, ctx)
     t1 = time.perf_counter()
     if mode == "context":
         # Every rank holds the same images; only failures need to travel.
         errors = [e for e in all_gather(_error(part), ctx, group) if e is not None]
-        parts, makers = [part], [ctx.coordinator]
+        parts, makers, made_of = [part], [ctx.coordinator], [batches[0]]
     else:
         parts = gather(part, ctx, group)  # the coordinator: every rank's batch; others: []
         errors = [e for e in map(_error, parts) if e is not None]
-        makers = list(range(len(batches)))
+        makers, made_of = list(range(len(batches))), batches
     if not ctx.is_coordinator:
         return []
     t2 = time.perf_counter()
     if errors:
-        return [Generated(None, errors) for batch in batches for _ in batch]
+        return [Generated([], errors) for batch in batches for _ in batch]
     round_ms = {"gather": (t2 - t1) * 1e3, "generate": (t2 - t0) * 1e3}
-    return [Generated(picture, [], {**made.timings, **round_ms}, len(made.pictures), rank)
-            for rank, made in zip(makers, parts) for picture in made.pictures]
+    out = []
+    for rank, made, jobs in zip(makers, parts, made_of):
+        pictures = iter(made.pictures)
+        together = min(per_pass, len(made.pictures))
+        for job in jobs:
+            out.append(Generated([next(pictures) for _ in range(job.num_images)], [],
+                                 {**made.timings, **round_ms}, together, rank))
+    return out
 
 
-def _run(engine: Engine, jobs: list[Job], ctx: DistContext) -> Batch | str:
-    """This rank's batch, or what went wrong on it."""
+def _run(engine: Engine, jobs: list[Job], per_pass: int, ctx: DistContext) -> Batch | str:
+    """This rank's batch, its images in passes of at most `per_pass`, or what went wrong on it."""
     if not jobs:
         return Batch([])
+    images = [image for job in jobs for image in job.images()]
     try:
-        return engine.generate_batch(jobs)
+        return merged([engine.generate_batch(images[i:i + per_pass]) for i in range(0, len(images), per_pass)])
     except Exception as e:  # any device or model error: report it, keep the ranks in step
         log.exception("generation failed for %s", ", ".join(j.task_id for j in jobs))
         return f"rank {ctx.rank}: {type(e).__name__}: {e}"
+
+
+def merged(passes: list[Batch]) -> Batch:
+    """One batch's passes as one: their pictures in order, each stage's time summed."""
+    if len(passes) == 1:
+        return passes[0]
+    timings: dict[str, float] = {}
+    for made in passes:
+        for stage, ms in made.timings.items():
+            timings[stage] = timings.get(stage, 0.0) + ms
+    return Batch([p for made in passes for p in made.pictures], timings)
 
 
 def _error(part: Batch | str) -> str | None:
@@ -110,7 +132,7 @@ def follow(resident: Resident, ctx: DistContext, mode: str = "data") -> str:
         if isinstance(cmd, Swap):
             swap(resident, cmd, ctx)
         elif isinstance(cmd, Generate):
-            generate(resident.engine(model_of(cmd.batches, resident)), cmd.batches, ctx, mode)
+            generate(resident.engine(model_of(cmd.batches, resident)), cmd.batches, ctx, mode, per_pass=cmd.per_pass)
 
 
 def model_of(batches: Sequence[Sequence[Job]], resident: Resident) -> str:
@@ -163,7 +185,7 @@ def warm_up(engine: Engine, sizes: tuple[tuple[int, int], ...], batch_sizes: ran
                             seed=i, output_format="png", model=model) for i in range(n)]
                        for s in range(sharing.slots(ctx.world_size, mode))]
             t0 = time.perf_counter()
-            outs = generate(engine, batches, ctx, mode, group=load_group())  # the generous load timeout
+            outs = generate(engine, batches, ctx, mode, group=load_group(), per_pass=n)  # the generous load timeout
             if outs and outs[0].errors:
                 raise RuntimeError(f"warm-up at {width}x{height}, batch {n} failed: {'; '.join(outs[0].errors)}")
             log.info("warm-up %dx%d batch %d: %.2fs", width, height, n, time.perf_counter() - t0)

@@ -146,8 +146,8 @@ class Coordinator:
         if model not in resident.engines and not self._swap(resident, model, round_):
             return
         self.models.used(model)
-        outs = generate_round(resident.engine(model), batches, self.ctx, self.cfg.parallel.mode, self.ledger,
-                              self.metrics, self.profiler)
+        outs = generate_round(resident.engine(model), batches, self.ctx, self.cfg.parallel.mode, self.sizes.per_slot,
+                              self.ledger, self.metrics, self.profiler)
         for task, out in zip(round_, outs):
             if out.errors:
                 self.reporter.fail(task, ErrorCode.GENERATION_FAILED, "; ".join(out.errors), retryable=True)

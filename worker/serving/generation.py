@@ -8,39 +8,41 @@ import time
 from worker.model.engine import Engine, peak_memory_mb
 from worker.ranks import lockstep
 from worker.ranks.distributed import DistContext, broadcast
+from worker.serving import rounds
 from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.metrics import Metrics
 from worker.serving.profiling import Profiler
 from worker.serving.task import Task
 
 
-def generate_round(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, ledger: Ledger,
-                   metrics: Metrics, profiler: Profiler | None = None) -> list[lockstep.Generated]:
-    """Each task's outcome, in the order of the batches. A profiler armed over the ops endpoint
-    starts before the round and counts it once it ends."""
+def generate_round(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, per_pass: int,
+                   ledger: Ledger, metrics: Metrics, profiler: Profiler | None = None) -> list[lockstep.Generated]:
+    """Each task's outcome, in the order of the batches; a rank makes its batch's images in passes
+    of at most `per_pass`. A profiler armed over the ops endpoint starts before the round and
+    counts it once it ends."""
     if profiler is not None:
         profiler.before_round()
     try:
-        return _generate(engine, batches, ctx, mode, ledger, metrics)
+        return _generate(engine, batches, ctx, mode, per_pass, ledger, metrics)
     finally:
         if profiler is not None:
             profiler.after_round()
 
 
-def _generate(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, ledger: Ledger,
-              metrics: Metrics) -> list[lockstep.Generated]:
+def _generate(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, per_pass: int,
+              ledger: Ledger, metrics: Metrics) -> list[lockstep.Generated]:
     jobs = tuple(tuple(t.job for t in batch) for batch in batches)
     round_ = [task for batch in batches for task in batch]
-    metrics.round_generated(len(batch) for batch in batches)
+    metrics.round_generated(rounds.images(batch) for batch in batches)
     for task in round_:
         ledger.advance(task, Stage.GENERATE)
     t0 = time.perf_counter()
-    broadcast(lockstep.Generate(jobs), ctx)
+    broadcast(lockstep.Generate(jobs, per_pass), ctx)
     sent_ms = (time.perf_counter() - t0) * 1e3
     for task in round_:
         task.timings.record(broadcast=sent_ms)
-    outs = lockstep.generate(engine, jobs, ctx, mode)
+    outs = lockstep.generate(engine, jobs, ctx, mode, per_pass=per_pass)
     # Every rank's images for tasks: rank 0's engine counts only its own, warm-up included.
-    ledger.counters.add(Counter.IMAGES_GENERATED, sum(not out.errors for out in outs))
+    ledger.counters.add(Counter.IMAGES_GENERATED, sum(len(out.pictures) for out in outs))
     ledger.counters.set(Counter.PEAK_MEMORY_MB, peak_memory_mb(ctx.device))
     return outs

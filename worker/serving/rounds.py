@@ -4,8 +4,9 @@
 A round is one batch per slot. A slot is one rank in data mode (each rank generates its own batch,
 so ranks may make different sizes in one round) and the whole group in context mode (one slot,
 every rank working on the same images). A batch holds tasks of one shape (size and steps), at most
-`per_slot` of them. The ranks meet at a barrier after every round, so a round lasts as long as its
-most expensive batch; a batch costs pixels x steps x images.
+`per_slot` images of them (a task asks for one or several); a task of more images than that is a
+batch of its own, made in several passes. The ranks meet at a barrier after every round, so a round
+lasts as long as its most expensive batch; a batch costs pixels x steps x images.
 
 1. The oldest ready task is always in the round, so no task waits behind younger ones for more
    rounds than there are tasks ahead of it (the lease-ahead cap bounds that).
@@ -27,13 +28,21 @@ class Shaped(Protocol):
     def shape(self) -> tuple[int, int, int]:
         """(width, height, steps): tasks of one shape can share a batch."""
 
+    @property
+    def images(self) -> int:
+        """How many images it asks for."""
+
 
 T = TypeVar("T", bound=Shaped)
 
 
+def images(batch: Sequence[Shaped]) -> int:
+    return sum(task.images for task in batch)
+
+
 def cost(batch: Sequence[Shaped]) -> int:
     width, height, steps = batch[0].shape
-    return width * height * steps * len(batch)
+    return width * height * steps * images(batch)
 
 
 def plan(ready: Sequence[T], slots: int, per_slot: int) -> list[list[T]]:
@@ -54,14 +63,18 @@ def plan(ready: Sequence[T], slots: int, per_slot: int) -> list[list[T]]:
 
 def full(batches: Sequence[Sequence[Shaped]], slots: int, per_slot: int) -> bool:
     """Every slot has a whole batch: waiting for more tasks cannot make this round bigger."""
-    return len(batches) == slots and all(len(b) == per_slot for b in batches)
+    return len(batches) == slots and all(images(b) >= per_slot for b in batches)
 
 
 def _batches(ready: Sequence[T], per_slot: int) -> list[list[T]]:
-    """Each shape's tasks cut into batches of `per_slot`, ordered by their oldest task."""
-    groups: dict[Hashable, list[T]] = {}
+    """Each shape's tasks, in lease order, cut into batches of at most `per_slot` images (a task of
+    more is a batch alone), ordered by their oldest task."""
+    groups: dict[Hashable, list[list[T]]] = {}
     for task in ready:
-        groups.setdefault(task.shape, []).append(task)
+        cut = groups.setdefault(task.shape, [[]])
+        if cut[-1] and images(cut[-1]) + task.images > per_slot:
+            cut.append([])
+        cut[-1].append(task)
     order = {id(t): i for i, t in enumerate(ready)}
-    batches = [g[i:i + per_slot] for g in groups.values() for i in range(0, len(g), per_slot)]
+    batches = [batch for cut in groups.values() for batch in cut]
     return sorted(batches, key=lambda b: order[id(b[0])])

@@ -67,3 +67,8 @@ class Task:
     def shape(self) -> tuple[int, int, int]:
         """Tasks of one shape (width, height, steps) can share a batch."""
         return (self.job.width, self.job.height, self.job.steps)
+
+    @property
+    def images(self) -> int:
+        """How many images it asks for (input.num_images)."""
+        return self.job.num_images

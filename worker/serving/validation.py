@@ -39,6 +39,7 @@ class _Input(BaseModel):
     steps: StrictInt | None = None
     seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
     output_format: StrictStr | None = None
+    num_images: StrictInt | None = None
 
 
 def validate_task(task_id: str, raw: Any, limits: LimitsConfig) -> Job:
@@ -58,6 +59,7 @@ def validate_task(task_id: str, raw: Any, limits: LimitsConfig) -> Job:
         steps=_check_steps(req.steps, limits),
         seed=req.seed,
         output_format=_check_format(req.output_format, limits),
+        num_images=_check_images(req.num_images, req.seed, limits),
     )
     if job.width * job.height > limits.max_pixels:
         raise InvalidRequest(f"width x height = {job.width * job.height} pixels exceeds {limits.max_pixels}")
@@ -97,6 +99,17 @@ def _check_steps(value: int | None, limits: LimitsConfig) -> int:
     return value
 
 
+def _check_images(value: int | None, seed: int | None, limits: LimitsConfig) -> int:
+    if value is None:
+        return 1
+    if not 1 <= value <= limits.max_images:
+        raise InvalidRequest(f"num_images: {value} is outside [1, {limits.max_images}]")
+    # Image i is made with seed + i: the last must be a seed too.
+    if seed is not None and seed + value - 1 > MAX_SEED:
+        raise InvalidRequest(f"seed: {seed} + num_images - 1 exceeds {MAX_SEED}, the largest seed")
+    return value
+
+
 def _check_format(value: str | None, limits: LimitsConfig) -> str:
     if value is None:
         return limits.output_formats[0]
@@ -111,4 +124,4 @@ def advertised(limits: LimitsConfig) -> WorkerLimits:
     return WorkerLimits(max_prompt_chars=limits.max_prompt_chars, min_side=limits.min_side, max_side=limits.max_side,
                         size_multiple=SIZE_MULTIPLE, max_pixels=limits.max_pixels, default_width=limits.default_width,
                         default_height=limits.default_height, max_steps=limits.max_steps,
-                        output_formats=list(limits.output_formats))
+                        output_formats=list(limits.output_formats), max_images=limits.max_images)

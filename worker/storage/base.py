@@ -1,7 +1,7 @@
 """What every store shares: the encoded result to store (Artifact), what it became (StoredObject),
 the errors a store raises, and the ImageStore interface.
 
-Object names derive from the task id (and its submission date), and a store creates an object once,
+Object names derive from the task id and the image's index (and the submission date), and a store creates an object once,
 never overwriting it: an attempt that finds its task's object already stored takes that object as
 its result (it passed the checks when it was stored), so a retry can neither leave a second object
 nor fail for good because its bytes differ.
@@ -25,6 +25,13 @@ class Artifact:
     content_type: str
     created_at: float  # the task's submission time (epoch s): the same on every attempt
     metadata: dict[str, str] = field(default_factory=dict)
+    index: int = 0  # which of the task's images (input.num_images)
+
+    @property
+    def stem(self) -> str:
+        """Its name before the extension: the task id for the first image, `<task id>~<index>` for
+        the others. "~" is no task id's (worker.serving.validation), so no task's name is another's."""
+        return self.task_id if self.index == 0 else f"{self.task_id}~{self.index}"
 
     @property
     def ext(self) -> str:

@@ -85,7 +85,7 @@ class GCSStore:
     def object_name(self, item: Artifact, model: str = "") -> str:
         day = dt.datetime.fromtimestamp(item.created_at, dt.timezone.utc)
         return self.cfg.object_name.format(prefix=self.cfg.prefix, yyyy=f"{day.year:04d}", mm=f"{day.month:02d}",
-                                           dd=f"{day.day:02d}", task_id=item.task_id, ext=item.ext,
+                                           dd=f"{day.day:02d}", task_id=item.stem, ext=item.ext,
                                            model=model).lstrip("/")
 
     def put(self, item: Artifact) -> StoredObject:

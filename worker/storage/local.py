@@ -33,12 +33,12 @@ class LocalStore:
         except OSError as e:
             raise StorageConfigError(f"local.root: cannot write to {self.root}: {e.strerror or e}") from None
 
-    def object_path(self, task_id: str, content_type: str) -> Path:
-        return self.root / f"{task_id}.{EXTENSIONS[content_type]}"
+    def object_path(self, stem: str, content_type: str) -> Path:
+        return self.root / f"{stem}.{EXTENSIONS[content_type]}"
 
     def put(self, item: Artifact) -> StoredObject:
-        path = self.object_path(item.task_id, item.content_type)
-        tmp = self.root / f".{item.task_id}.{secrets.token_hex(8)}"
+        path = self.object_path(item.stem, item.content_type)
+        tmp = self.root / f".{item.stem}.{secrets.token_hex(8)}"
         # Not mkstemp: its 0600 would stay with the linked object. 0666 less the umask (typically
         # 0644) makes results as readable as any file the operator's processes write.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -31,21 +31,42 @@ def test_single_process_group(ctx: DistContext):
 
 def test_success_returns_the_image(ctx):
     [out] = generate(FakeEngine(), [[JOB]], ctx)
-    assert out.errors == [] and out.picture.pixels.shape == (64, 64, 3)
+    assert out.errors == [] and out.pictures[0].pixels.shape == (64, 64, 3)
     assert out.timings["denoise"] == 1.0 and {"gather", "generate"} <= set(out.timings) and out.batch_size == 1
 
 
 def test_a_round_gives_one_outcome_per_job_in_order(ctx):
     jobs = [JOB.model_copy(update={"task_id": f"t{i}", "seed": i}) for i in range(3)]
     engine = FakeEngine()
-    outs = generate(engine, [jobs], ctx)
-    assert [int(o.picture.pixels[0, 0, 0]) for o in outs] == [0, 1, 2]
+    outs = generate(engine, [jobs], ctx, per_pass=3)
+    assert [int(o.pictures[0].pixels[0, 0, 0]) for o in outs] == [0, 1, 2]
     assert engine.batches == [3] and {o.batch_size for o in outs} == {3}
 
 
 def test_a_failing_rank_is_reported_not_raised(ctx):
     [out] = generate(FakeEngine(RuntimeError("CUDA out of memory")), [[JOB]], ctx)
-    assert out.picture is None and out.errors == ["rank 0: RuntimeError: CUDA out of memory"]
+    assert out.pictures == [] and out.errors == ["rank 0: RuntimeError: CUDA out of memory"]
+
+
+def test_a_job_of_several_images_makes_each_with_its_seed_in_passes_of_the_batch_size(ctx):
+    four = JOB.model_copy(update={"task_id": "four", "seed": 10, "num_images": 4})
+    engine = FakeEngine()
+    one, several = generate(engine, [[JOB, four]], ctx, per_pass=2)
+    assert [int(p.pixels[0, 0, 0]) for p in one.pictures] == [3]
+    assert [int(p.pixels[0, 0, 0]) for p in several.pictures] == [10, 11, 12, 13]
+    # Five images, two a pass (the batch sizes warmed up): 2 + 2 + 1, each pass's time summed.
+    assert engine.batches == [2, 2, 1] and several.batch_size == 2 and several.timings["denoise"] == 3.0
+
+
+def test_a_failed_pass_fails_every_job_of_the_round(ctx):
+    class FailsSecond(FakeEngine):
+        def generate_batch(self, jobs):
+            if self.batches:
+                raise RuntimeError("out of memory")
+            return super().generate_batch(jobs)
+
+    outs = generate(FailsSecond(), [[JOB.model_copy(update={"num_images": 3})]], ctx, per_pass=2)
+    assert [(o.pictures, o.errors) for o in outs] == [([], ["rank 0: RuntimeError: out of memory"])]
 
 
 def test_each_rank_makes_its_own_batch_in_data_mode_and_all_make_one_in_context_mode():
@@ -118,4 +139,4 @@ def test_a_one_rank_group_passes_objects_without_a_collective(ctx, monkeypatch):
     assert broadcast(command, ctx) is command
     assert gather(image, ctx)[0] is image and all_gather(image, ctx)[0] is image
     [out] = generate(FakeEngine(), [[JOB]], ctx)  # the round's closing gather, too
-    assert out.errors == [] and out.picture.pixels.shape == (64, 64, 3)
+    assert out.errors == [] and out.pictures[0].pixels.shape == (64, 64, 3)

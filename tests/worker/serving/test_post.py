@@ -70,10 +70,11 @@ def make(tmp_path, check, quarantine: bool = False) -> tuple[PostStage, Ledger]:
     return post, ledger
 
 
-def held_task(ledger: Ledger, fmt: str = "jpeg") -> Task:
+def held_task(ledger: Ledger, fmt: str = "jpeg", images: int = 1) -> Task:
     task = Task(Lease(task_id="t-1", input={}, created_at=0.0, lease_token="tok", lease_deadline=0.0,
                       lease_ttl_s=60.0, attempt=1))
-    task.job = Job(task_id="t-1", prompt="p", width=96, height=64, steps=4, seed=1, output_format=fmt)
+    task.job = Job(task_id="t-1", prompt="p", width=96, height=64, steps=4, seed=1, output_format=fmt,
+                   num_images=images)
     ledger.hold(task, Stage.ADMIT)
     ledger.advance(task, Stage.GENERATE)
     return task
@@ -87,7 +88,7 @@ def test_the_encoder_runs_while_the_image_check_looks_and_the_image_is_stored(tm
     check = WaitingImageCheck(encoded)
     post, ledger = make(tmp_path, check)
     task = held_task(ledger, "png")
-    result = post.submit(task, Generated(Picture(PIXELS), [])).result(30)
+    result = post.submit(task, Generated([Picture(PIXELS)], [])).result(30)
     post.shutdown()
     assert check.saw_encoded == [True]
     assert isinstance(result, TaskResult) and result.content_type == "image/png"
@@ -100,7 +101,7 @@ def test_a_refused_image_is_never_stored_and_quarantine_keeps_the_bytes_already_
     check = WaitingImageCheck(encoded, refuse=True)
     post, ledger = make(tmp_path, check, quarantine=True)
     task = held_task(ledger)
-    result = post.submit(task, Generated(Picture(PIXELS), [])).result(30)
+    result = post.submit(task, Generated([Picture(PIXELS)], [])).result(30)
     post.shutdown()
     assert result.code == ErrorCode.UNSAFE_IMAGE and not result.retryable
     assert stored(tmp_path / "out") == []
@@ -117,6 +118,79 @@ def test_a_task_cancelled_while_its_image_is_checked_is_not_stored(tmp_path, enc
 
     post, ledger = make(tmp_path, CancelDuringCheck(encoded))
     task = held_task(ledger)
-    result = post.submit(task, Generated(Picture(PIXELS), [])).result(30)
+    result = post.submit(task, Generated([Picture(PIXELS)], [])).result(30)
     post.shutdown()
     assert result.code == ErrorCode.CANCELLED and stored(tmp_path / "out") == []
+
+
+class RefusesMarked:
+    """Refuses the images whose first pixel is 255 (the guard's self-test image is grey)."""
+
+    name = "marked"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def check(self, images):
+        self.calls.append(len(images))
+        return [Verdict(bool(i[0, 0, 0] == 255), self.name, {"nsfw": 1.0}, "nsfw", 1.0) for i in images]
+
+
+def pictures(refused: set[int], n: int) -> list[Picture]:
+    out = []
+    for i in range(n):
+        pixels = np.random.default_rng(i).integers(0, 255, (64, 96, 3), dtype=np.uint8)
+        pixels[0, 0, 0] = 255 if i in refused else 0
+        out.append(Picture(pixels))
+    return out
+
+
+def test_a_task_of_several_images_stores_each_and_withholds_the_refused_one(tmp_path):
+    check = RefusesMarked()
+    post, ledger = make(tmp_path, check, quarantine=True)
+    task = held_task(ledger, "png", images=3)
+    result = post.submit(task, Generated(pictures({0}, 3), [])).result(30)
+    post.shutdown()
+    assert check.calls[-1] == 3  # the three images in one call of the check
+    assert isinstance(result, TaskResult)
+    assert [(i.index, i.seed, i.withheld is None) for i in result.images] == [(0, 1, False), (1, 2, True), (2, 3, True)]
+    withheld = result.images[0].withheld
+    assert withheld.code == ErrorCode.UNSAFE_IMAGE and not withheld.retryable and withheld.details
+    # The top level describes the first image stored: old clients see one good image.
+    assert (result.uri, result.seed, result.sha256) == (result.images[1].uri, 2, result.images[1].sha256)
+    assert stored(tmp_path / "out") == ["t-1~1.png", "t-1~2.png"]
+    assert stored(tmp_path / "review") == ["t-1.png"]
+    for image, n in zip(result.images[1:], (1, 2)):
+        assert (tmp_path / "out" / f"t-1~{n}.png").read_bytes() == encode_image(
+            pictures(set(), 3)[n].pixels, "png", EncodeConfig())[0]
+        assert image.bytes == (tmp_path / "out" / f"t-1~{n}.png").stat().st_size
+
+
+def test_a_task_whose_every_image_is_refused_fails_unsafe_image_and_stores_none(tmp_path):
+    post, ledger = make(tmp_path, RefusesMarked())
+    task = held_task(ledger, images=2)
+    result = post.submit(task, Generated(pictures({0, 1}, 2), [])).result(30)
+    post.shutdown()
+    assert result.code == ErrorCode.UNSAFE_IMAGE and not result.retryable
+    assert result.message.startswith("all 2 images refused; the first: image refused:") and result.details
+    assert stored(tmp_path / "out") == []
+
+
+def test_one_corrupt_image_fails_the_task_retryable_and_stores_none(tmp_path):
+    post, ledger = make(tmp_path, RefusesMarked())
+    task = held_task(ledger, images=2)
+    flat = Picture(np.zeros((64, 96, 3), np.uint8))  # a constant image: the quality check's corrupt output
+    result = post.submit(task, Generated([pictures(set(), 1)[0], flat], [])).result(30)
+    post.shutdown()
+    assert result.code == ErrorCode.CORRUPT_OUTPUT and result.retryable
+    assert stored(tmp_path / "out") == []
+
+
+def test_a_retry_finds_the_images_an_earlier_attempt_stored(tmp_path):
+    post, ledger = make(tmp_path, RefusesMarked())
+    first = post.submit(held_task(ledger, images=2), Generated(pictures(set(), 2), [])).result(30)
+    again = post.submit(held_task(ledger, images=2), Generated(pictures({5}, 2), [])).result(30)
+    post.shutdown()
+    assert [i.uri for i in again.images] == [i.uri for i in first.images]
+    assert [i.sha256 for i in again.images] == [i.sha256 for i in first.images]
+    assert stored(tmp_path / "out") == ["t-1.jpg", "t-1~1.jpg"]

@@ -14,6 +14,7 @@ class T:
     w: int
     h: int = 256
     steps: int = 4
+    images: int = 1
 
     @property
     def shape(self):
@@ -57,3 +58,27 @@ def test_the_oldest_task_is_never_passed_over():
     ready = [T("old", 1024, 1024)] + [T(f"s{i}", 256) for i in range(6)]
     assert names(plan(ready, 1, 1)) == [["old"]]
     assert names(plan(ready, 3, 2))[0] == ["old"]
+
+
+def test_a_batch_counts_images_not_tasks():
+    ready = [T("a2", 512, images=2), T("b1", 512), T("c2", 512, images=2), T("d1", 512)]
+    # Four images a batch: a2 + b1 leave room for one, and c2 does not fit; d1 does, but a batch keeps
+    # lease order, so c2 starts the next one.
+    assert names(plan(ready, 2, 4)) == [["a2", "b1"], ["c2", "d1"]]
+    assert cost(plan(ready, 2, 4)[0]) == 512 * 256 * 4 * 3
+    assert not full(plan(ready, 2, 4), 2, 4)
+    assert full(plan([T("x", 512, images=4), T("y", 512, images=2), T("z", 512, images=2)], 2, 4), 2, 4)
+
+
+def test_a_task_of_more_images_than_a_batch_is_a_batch_alone_and_full():
+    ready = [T("one", 256), T("four", 256, images=4), T("two", 256)]
+    # Cut in lease order; the round then takes what fits beside the oldest first.
+    assert names(plan(ready, 3, 2)) == [["one"], ["two"], ["four"]]
+    assert full([[T("four", 256, images=4)]], 1, 2)
+
+
+def test_the_round_balances_by_images():
+    # A rank making four images of 256 costs as much as one making one of 512x512.
+    ready = [T("big", 512, 512), T("four", 256, images=4), T("one", 256)]
+    assert cost([ready[1]]) == cost([ready[0]])
+    assert names(plan(ready, 2, 4)) == [["big"], ["four"]]

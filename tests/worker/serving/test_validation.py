@@ -13,6 +13,13 @@ def test_defaults_fill_missing_fields():
     assert (job.width, job.height, job.steps, job.seed, job.output_format) == (256, 256, 4, None, "jpeg")
 
 
+def test_several_images_take_consecutive_seeds():
+    job = validate_task("t1", {"prompt": "a cat", "num_images": 3, "seed": 2**63 - 3}, LIMITS)
+    assert job.num_images == 3 and job.seeds == (2**63 - 3, 2**63 - 2, 2**63 - 1)
+    assert [(j.seed, j.num_images) for j in job.images()] == [(2**63 - 3, 1), (2**63 - 2, 1), (2**63 - 1, 1)]
+    assert validate_task("t1", {"prompt": "a cat"}, LIMITS).num_images == 1
+
+
 def test_full_request():
     job = validate_task("t1", {"prompt": "a cat", "width": 512, "height": 320, "steps": 2, "seed": 9,
                                "output_format": "png"}, LIMITS)
@@ -41,6 +48,11 @@ def test_full_request():
     ({"prompt": "x", "seed": 2**63}, "seed: Input should be less than or equal to"),
     ({"prompt": "x", "output_format": "gif"}, "output_format: 'gif' is not one of ['jpeg', 'webp', 'png']"),
     ({"prompt": "x", "colour": "red"}, "colour: unknown field"),
+    ({"prompt": "x", "num_images": 0}, "num_images: 0 is outside [1, 4]"),
+    ({"prompt": "x", "num_images": 5}, "num_images: 5 is outside [1, 4]"),
+    ({"prompt": "x", "num_images": "2"}, "num_images: Input should be a valid integer"),
+    ({"prompt": "x", "num_images": 2.0}, "num_images: Input should be a valid integer"),
+    ({"prompt": "x", "num_images": 3, "seed": 2**63 - 2}, "seed: 9223372036854775806 + num_images - 1 exceeds"),
 ])
 def test_refusals_name_the_field(raw, reason):
     with pytest.raises(InvalidRequest) as e:
@@ -73,4 +85,4 @@ def test_a_direction_mark_is_allowed():
 def test_the_limits_advertised_are_the_ones_validation_applies():
     assert advertised(LIMITS) == WorkerLimits(max_prompt_chars=100, min_side=64, max_side=1024, size_multiple=16,
                                               max_pixels=1024 * 768, default_width=256, default_height=256,
-                                              max_steps=8, output_formats=["jpeg", "webp", "png"])
+                                              max_steps=8, output_formats=["jpeg", "webp", "png"], max_images=4)

@@ -57,6 +57,16 @@ def test_object_name_template(gcs):
     assert s.put(art("t2")).uri == "gs://results/imgs/tiny/t2.png"
 
 
+def test_a_tasks_other_images_are_named_after_it_with_their_index(gcs):
+    s = store(gcs, bucket="several", prefix="imgs", object_name="{prefix}/{model}/{task_id}.{ext}")
+    uris = [s.put(Artifact("t9", f"image {i}".encode(), "image/png", CREATED, {"task_id": "t9", "model": "tiny"},
+                           index=i)).uri for i in range(3)]
+    assert uris == ["gs://several/imgs/tiny/t9.png", "gs://several/imgs/tiny/t9~1.png", "gs://several/imgs/tiny/t9~2.png"]
+    # A retry of image 1 finds it (its task's own), not image 0's.
+    again = s.put(Artifact("t9", b"other bytes", "image/png", CREATED, {"task_id": "t9", "model": "tiny"}, index=1))
+    assert again.uri == uris[1] and again.sha256 == hashlib.sha256(b"image 1").hexdigest()
+
+
 def test_a_duplicate_upload_of_the_same_bytes_succeeds_and_leaves_one_object(gcs):
     s = store(gcs, bucket="dupes")
     first, second = s.put(art("t3")), s.put(art("t3"))
