@@ -9,6 +9,7 @@ from worker.config.schema import (
     GCSConfig,
     LimitsConfig,
     LocalStorageConfig,
+    LoraConfig,
     LoggingConfig,
     ModelConfig,
     SwapConfig,
@@ -22,5 +23,5 @@ from worker.config.schema import (
 )
 
 __all__ = ["BatchConfig", "DeadlinesConfig", "ConfigError", "DistributedConfig", "EncodeConfig", "GCSConfig", "LimitsConfig",
-           "LocalStorageConfig", "LoggingConfig", "ModelConfig", "SwapConfig", "ParallelConfig", "QueueConfig", "SpeedConfig",
+           "LocalStorageConfig", "LoggingConfig", "LoraConfig", "ModelConfig", "SwapConfig", "ParallelConfig", "QueueConfig", "SpeedConfig",
            "StorageConfig", "StoreTarget", "WarmupConfig", "WorkerConfig", "load_config"]

@@ -5,11 +5,12 @@ out) are checked here, so a combination that cannot work is refused at start, na
 
 from __future__ import annotations
 
+import re
 import string
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from safety.config import SafetyConfig
 from tomlconf import LoggingConfig, Section
@@ -80,6 +81,46 @@ class SwapConfig(Section):
 
     # What the resident models may take together; 0: one model resident at a time.
     memory_budget_mb: int = Field(0, ge=0)
+
+
+class LoraConfig(Section):
+    """LoRA adapters a task may bring (input.loras): where they may come from, how large, and the
+    node's disk cache of them (worker.adapters). Nothing is fetched from a source the operator did
+    not allow or register. Not yet a section of the worker's tree: validation does not accept
+    input.loras until the ranks load adapters in lockstep."""
+
+    max_adapters: int = Field(3, ge=0, le=8, description="adapters one task may bring; 0: none")
+    max_rank: int = Field(64, ge=1, le=1024, description="the largest LoRA rank accepted")
+    max_mb: int = Field(512, ge=1, description="the largest adapter file, MiB")
+    max_scale: float = Field(4.0, gt=0, description="a task's scale lies in [-max_scale, max_scale]")
+    # URL prefixes, each a scheme and host and a path ending in "/": https://huggingface.co/acme/,
+    # gs://adapters/flux/. A redirect must land under one too (a CDN host is listed as well).
+    allow: tuple[str, ...] = Field((), description="where adapters may be fetched from (URL prefixes)")
+    # Names a task may give as its source, each for a URL the operator chose (allowed or not).
+    registered: dict[str, str] = Field(default_factory=dict, description="adapter name -> its URL")
+    cache_dir: str = Field("/var/tmp/dit-worker/adapters", description="the node's cache, shared by its ranks")
+    cache_mb: int = Field(8192, ge=1, description="what the cache may hold; the least recently used go first")
+    fetch_timeout_s: float = Field(120.0, gt=0, description="one adapter's whole download")
+
+    @field_validator("allow")
+    @classmethod
+    def _prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, prefix in enumerate(value):
+            if not re.match(r"^(https?://[^/@\s]+|gs://[a-z0-9][a-z0-9._-]{1,220})/", prefix) or ".." in prefix:
+                raise ValueError(f"[{i}] {prefix!r}: an http(s):// host or gs:// bucket, then a path ending in /")
+            if not prefix.endswith("/"):
+                raise ValueError(f"[{i}] {prefix!r}: must end in / (a prefix of whole path segments)")
+        return value
+
+    @field_validator("registered")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$", name):
+                raise ValueError(f"{name!r}: a name of letters, digits, _ . : - (at most 100)")
+            if not re.match(r"^(https?://[^/@\s]+|gs://[^/\s]+)/\S+$", url):
+                raise ValueError(f"{name}: {url!r} is not an http(s):// or gs:// URL of a file")
+        return value
 
 
 class LimitsConfig(Section):
