@@ -29,6 +29,25 @@ def make_tiny_model(directory: str | Path, seed: int = 0, arch: str = "tiny") ->
     return directory
 
 
+def make_tiny_lora(model_dir: str | Path, out: str | Path, rank: int = 4, seed: int = 0,
+                   targets: tuple[str, ...] = ("to_q", "to_k", "to_v")) -> Path:
+    """A LoRA adapter for the transformer of the FLUX model saved in `model_dir`, built with peft,
+    its weights random and non-zero (peft's default leaves B at zero, which changes nothing), saved
+    as diffusers saves one: `out` (a .safetensors file)."""
+    import torch
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+    from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
+
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel.from_pretrained(Path(model_dir) / "transformer")
+    transformer = inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets),
+                                                     init_lora_weights=False), transformer)
+    out = Path(out)
+    FluxPipeline.save_lora_weights(out.parent, transformer_lora_layers=get_peft_model_state_dict(transformer),
+                                   weight_name=out.name)
+    return out
+
+
 def main(argv: list[str]) -> int:
     """`dit-worker make-tiny-model DIR [--arch tiny|tiny-pixart]`, registered as a dit-worker plug-in
     command."""
