@@ -6,6 +6,7 @@ pydantic alone, so another scheduler or a client can reuse it as the schema.
 
 from protocol.errors import CANCELLED_MARK, ErrorCode, was_cancelled
 from protocol.models import (
+    AdapterUsed,
     BIDI_CONTROLS,
     FINAL_STATUSES,
     DeviceInfo,
@@ -48,7 +49,7 @@ from protocol.models import (
     parse_body,
 )
 
-__all__ = ["parse_body", "CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
+__all__ = ["AdapterUsed", "parse_body", "CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
            "LeaseResponse", "ModelFigures", "ModelId", "ModelsView", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Exchange", "Exchanged", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
            "ImageResult", "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerLimits", "WorkerModels", "WorkerStatus", "WorkerView",
            "BIDI_CONTROLS", "bidi_control"]

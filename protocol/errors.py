@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     INTERNAL_ERROR = "internal_error"
     DEADLINE_EXCEEDED = "deadline_exceeded"  # a stage ran past its deadline, or the serve loop stalled
     MODEL_UNAVAILABLE = "model_unavailable"  # its model failed to load on this worker, or is not one it serves
+    ADAPTER_UNAVAILABLE = "adapter_unavailable"  # a LoRA adapter could not be fetched now (unreachable, timed out)
     # Set by the scheduler: a task's lease ran out, or the worker holding it restarted (its node
     # registered again); as the task's last error while it is retried, and final without attempts left.
     LEASE_EXPIRED = "lease_expired"

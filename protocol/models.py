@@ -217,6 +217,15 @@ class ImageResult(_Wire):
         return self
 
 
+class AdapterUsed(_Wire):
+    """A LoRA adapter a task's images were made with (input.loras): where it came from, at what
+    scale, and which file (its sha256, recorded whether or not the task gave one)."""
+
+    source: str = Field(max_length=2000)
+    scale: float
+    sha256: str = Field(max_length=64)
+
+
 class TaskResult(_Wire):
     """What a worker delivers. Extra keys are kept so newer workers can add fields. The top-level
     fields describe the first image stored; `images` lists every image the task asked for."""
@@ -236,6 +245,7 @@ class TaskResult(_Wire):
     batch_size: int = Field(1, description="images generated together with this one on its rank")
     rank: int = Field(0, description="the rank that generated it (data-parallel mode)")
     model: str | None = Field(None, max_length=200, description="the model that made it")
+    loras: list[AdapterUsed] = Field([], max_length=64, description="the adapters its images were made with")
     images: list[ImageResult] = Field([], max_length=MAX_IMAGES, description=(
         "every image of the task in index order, each stored or withheld; empty from a worker that predates it"))
 
@@ -346,6 +356,7 @@ class WorkerLimits(_Strict):
     output_formats: list[Annotated[str, StringConstraints(max_length=20)]] = Field(min_length=1, max_length=20)
     # 1: a worker that predates num_images (it refuses the field as unknown).
     max_images: int = Field(1, ge=1, description="num_images lies in [1, max_images]")
+    max_adapters: int = Field(0, ge=0, description="loras holds at most this many adapters (0: none)")
 
 
 class WorkerModels(_Strict):

@@ -17,7 +17,7 @@ from protocol import WorkerLimits
 
 # The order refusals are named in, by field and within a field by kind.
 FIELDS = ("input.prompt", "input.width", "input.height", "input", "input.steps", "input.output_format",
-          "input.num_images")
+          "input.num_images", "input.loras")
 KINDS = ("multiple", "above", "below", "format")
 
 
@@ -77,20 +77,24 @@ def refusals(inp: dict[str, Any], limits: WorkerLimits) -> list[Refusal]:
             out += _side(f"input.{name}", value, limits)
     if len(sides) == 2 and (pixels := sides["width"] * sides["height"]) > limits.max_pixels:
         out.append(Refusal("input", "above", f"width x height = {pixels} pixels", limits.max_pixels))
-    steps = inp.get("steps")
-    if _is_int(steps) and steps > limits.max_steps:
-        out.append(Refusal("input.steps", "above", steps, limits.max_steps))
-    elif _is_int(steps) and steps < 1:
-        out.append(Refusal("input.steps", "below", steps, 1))
+    out += _within("input.steps", inp.get("steps"), limits.max_steps)
     fmt = inp.get("output_format")
     if isinstance(fmt, str) and fmt not in limits.output_formats:
         out.append(Refusal("input.output_format", "format", fmt, limits.output_formats))
-    images = inp.get("num_images")
-    if _is_int(images) and images > limits.max_images:
-        out.append(Refusal("input.num_images", "above", images, limits.max_images))
-    elif _is_int(images) and images < 1:
-        out.append(Refusal("input.num_images", "below", images, 1))
+    out += _within("input.num_images", inp.get("num_images"), limits.max_images)
+    loras = inp.get("loras")
+    if isinstance(loras, list) and len(loras) > limits.max_adapters:
+        out.append(Refusal("input.loras", "above", f"{len(loras)} adapter(s)", limits.max_adapters))
     return out
+
+
+def _within(field: str, value: Any, most: int) -> list[Refusal]:
+    """A count that lies in [1, most]; not an integer: the worker's to name."""
+    if not _is_int(value):
+        return []
+    if value > most:
+        return [Refusal(field, "above", value, most)]
+    return [Refusal(field, "below", value, 1)] if value < 1 else []
 
 
 def _side(field: str, value: int, limits: WorkerLimits) -> list[Refusal]:

@@ -26,7 +26,7 @@ def test_an_input_no_live_worker_accepts_is_422_and_nothing_is_stored(make_store
     with TestClient(create_app(make_store())) as http:
         wid = worker(http)
         # A worker that says nothing of images makes one a task (it predates num_images).
-        assert http.get("/v1/workers").json()[0]["limits"] == {**LIMITS, "max_images": 1}
+        assert http.get("/v1/workers").json()[0]["limits"] == {**LIMITS, "max_images": 1, "max_adapters": 0}
         refused = http.post("/v1/tasks", json={"input": TOO_WIDE})
         assert refused.status_code == 422 and refused.json()["detail"] == WHY
         batch = http.post("/v1/tasks/batch", json={"tasks": [{"input": {"prompt": "fits"}}, {"input": TOO_WIDE}]})

@@ -86,8 +86,7 @@ class SwapConfig(Section):
 class LoraConfig(Section):
     """LoRA adapters a task may bring (input.loras): where they may come from, how large, and the
     node's disk cache of them (worker.adapters). Nothing is fetched from a source the operator did
-    not allow or register. Not yet a section of the worker's tree: validation does not accept
-    input.loras until the ranks load adapters in lockstep."""
+    not allow or register: with neither `allow` nor `registered`, a task may bring none."""
 
     max_adapters: int = Field(3, ge=0, le=8, description="adapters one task may bring; 0: none")
     max_rank: int = Field(64, ge=1, le=1024, description="the largest LoRA rank accepted")
@@ -101,6 +100,12 @@ class LoraConfig(Section):
     cache_dir: str = Field("/var/tmp/dit-worker/adapters", description="the node's cache, shared by its ranks")
     cache_mb: int = Field(8192, ge=1, description="what the cache may hold; the least recently used go first")
     fetch_timeout_s: float = Field(120.0, gt=0, description="one adapter's whole download")
+    keep: int = Field(8, ge=1, le=64, description="adapters each rank's pipeline holds loaded between rounds")
+
+    @property
+    def accepted(self) -> int:
+        """How many adapters a task may bring here: none when no source is allowed or registered."""
+        return self.max_adapters if (self.allow or self.registered) else 0
 
     @field_validator("allow")
     @classmethod
@@ -368,6 +373,7 @@ class WorkerConfig(Section):
     logging: LoggingConfig
     ops: OpsConfig
     swap: SwapConfig
+    lora: LoraConfig
     # Other models this worker can load, by id (the scheduler's models.ids): [models.<id>], each
     # like [model]; [model] is the one loaded at start.
     models: dict[str, OtherModelConfig] = Field(default_factory=dict)
@@ -445,6 +451,12 @@ class WorkerConfig(Section):
             for name in ("fp8", "offload"):
                 if getattr(sp, name) not in (False, "none"):
                     raise ValueError(f"{speed}.{name}: needs a CUDA device ({where or 'model.'}device is cpu)")
+        if sp.fuse_qkv and self.lora.accepted:
+            raise ValueError(f"{speed}.fuse_qkv: the fused projection would bypass adapters' to_q, to_k and to_v "
+                             "layers, silently (lora.allow or lora.registered are set); switch one of them off")
+        if sp.compile and self.lora.accepted:
+            raise ValueError(f"{speed}.compile: a compiled transformer would recompile for each set of adapters "
+                             "(lora.allow or lora.registered are set); switch one of them off")
         if sp.fp8 and model.dtype == "float32":
             raise ValueError(f"{speed}.fp8: quantizes a bfloat16/float16 model; set {where or 'model.'}dtype")
         if sp.offload != "none" and self.parallel.mode == "context":

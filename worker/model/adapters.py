@@ -27,6 +27,7 @@ class Wanted:
     sha256: str
     path: Path
     scale: float
+    field: str = "input.loras"  # the task's field that named it, for errors
 
     @property
     def name(self) -> str:
@@ -68,9 +69,10 @@ class Adapters:
             self.pipe.load_lora_weights(str(adapter.path), adapter_name=adapter.name)
         except (RuntimeError, ValueError, KeyError) as e:  # shapes of another model, keys it cannot map
             self._forget(adapter.name)
-            raise AdapterMismatch(f"does not fit this model: {type(e).__name__}: {str(e)[:300]}") from None
+            raise AdapterMismatch(f"{adapter.field}: does not fit this model: {type(e).__name__}: "
+                                  f"{str(e)[:300]}") from None
         if adapter.name not in {name for names in self.pipe.get_list_adapters().values() for name in names}:
-            raise AdapterMismatch("does not fit this model: none of its weights name a layer of it")
+            raise AdapterMismatch(f"{adapter.field}: does not fit this model: none of its weights name a layer of it")
         self._held[adapter.name] = None
         self.loads += 1
         log.info("adapter %s loaded", adapter.name)

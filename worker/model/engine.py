@@ -26,6 +26,7 @@ import torch
 
 from worker.config import ModelConfig, ParallelConfig, SpeedConfig
 from worker.model import parallel, speed
+from worker.model.adapters import Adapters
 from worker.model.compile_cache import CompileCache, compile_errors
 from worker.model.generic_path import GenericPath
 from worker.model.job import Job
@@ -63,6 +64,7 @@ class Engine:
         self.flux = is_flux(pipe)
         self.prompts = PromptCache(pipe, cfg.max_sequence_length, prompt_cache_size) if self.flux else None
         self.generic = GenericPath(pipe, cfg) if pipe is not None and not self.flux else None
+        self.adapters = Adapters(pipe) if pipe is not None else None  # LoRA, set per round (input.loras)
         # One thread draws each batch's noise beside the text encoders (FLUX).
         self._noise = ThreadPoolExecutor(max_workers=1, thread_name_prefix="noise")
 

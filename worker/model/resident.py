@@ -10,19 +10,24 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from worker.model.engine import Engine
+from worker.model.job import LoraRef
 
 log = logging.getLogger(__name__)
 
 
 class Resident:
-    def __init__(self, load: Callable[[str], Engine], warm_up: Callable[[Engine], None]) -> None:
-        """`load(name)`: the model's engine, loaded; `warm_up(engine)`: every warm-up shape run."""
+    def __init__(self, load: Callable[[str], Engine], warm_up: Callable[[Engine], None],
+                 adapter_files: Callable[[LoraRef], Path] | None = None) -> None:
+        """`load(name)`: the model's engine, loaded; `warm_up(engine)`: every warm-up shape run;
+        `adapter_files(ref)`: a LoRA adapter's file on this rank's node (None: adapters refused)."""
         self._load = load
         self._warm_up = warm_up
+        self.adapter_files = adapter_files
         self.engines: dict[str, Engine] = {}
 
     def add(self, name: str, engine: Engine) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from worker.adapters import AdapterCache, Source
 from worker.config import WorkerConfig
 from worker.model.engine import Batch, Engine, Picture
-from worker.model.job import Job
+from worker.model.adapters import Wanted
+from worker.model.job import Job, LoraRef
 from worker.ranks import sharing
 from worker.model.resident import Resident
 from worker.ranks.distributed import DistContext, all_gather, broadcast, gather, load_group
@@ -66,11 +69,12 @@ class Generated:
 
 
 def generate(engine: Engine, batches: Sequence[Sequence[Job]], ctx: DistContext, mode: str = "data",
-             group=None, per_pass: int = 1) -> list[Generated]:
+             group=None, per_pass: int = 1, adapter_files: Callable[[LoraRef], Path] | None = None) -> list[Generated]:
     """Every rank calls this with the same round. The coordinator gets one Generated per job, in round
-    order (batch by batch); the other ranks get an empty list."""
+    order (batch by batch); the other ranks get an empty list. A round's jobs share one set of LoRA
+    adapters, each rank's file found by `adapter_files`."""
     t0 = time.perf_counter()
-    part = _run(engine, sharing.mine(batches, ctx.rank, mode), per_pass, ctx)
+    part = _run(engine, sharing.mine(batches, ctx.rank, mode), per_pass, ctx, adapter_files)
     t1 = time.perf_counter()
     if mode == "context":
         # Every rank holds the same images; only failures need to travel.
@@ -96,16 +100,28 @@ def generate(engine: Engine, batches: Sequence[Sequence[Job]], ctx: DistContext,
     return out
 
 
-def _run(engine: Engine, jobs: list[Job], per_pass: int, ctx: DistContext) -> Batch | str:
+def _run(engine: Engine, jobs: list[Job], per_pass: int, ctx: DistContext,
+         adapter_files: Callable[[LoraRef], Path] | None = None) -> Batch | str:
     """This rank's batch, its images in passes of at most `per_pass`, or what went wrong on it."""
     if not jobs:
         return Batch([])
     images = [image for job in jobs for image in job.images()]
     try:
+        _use_adapters(engine, jobs[0].loras, adapter_files)
         return merged([engine.generate_batch(images[i:i + per_pass]) for i in range(0, len(images), per_pass)])
     except Exception as e:  # any device or model error: report it, keep the ranks in step
         log.exception("generation failed for %s", ", ".join(j.task_id for j in jobs))
         return f"rank {ctx.rank}: {type(e).__name__}: {e}"
+
+
+def _use_adapters(engine: Engine, loras: Sequence[LoraRef], files: Callable[[LoraRef], Path] | None) -> None:
+    """The round's adapters on this rank's pipeline (none: LoRA off)."""
+    adapters = getattr(engine, "adapters", None)
+    if adapters is None or (not loras and not adapters.held()):
+        return
+    if loras and files is None:
+        raise RuntimeError("this worker takes no adapters (no lora.allow or lora.registered)")
+    adapters.use([Wanted(ref.sha256, files(ref), ref.scale, ref.field) for ref in loras])
 
 
 def merged(passes: list[Batch]) -> Batch:
@@ -132,7 +148,8 @@ def follow(resident: Resident, ctx: DistContext, mode: str = "data") -> str:
         if isinstance(cmd, Swap):
             swap(resident, cmd, ctx)
         elif isinstance(cmd, Generate):
-            generate(resident.engine(model_of(cmd.batches, resident)), cmd.batches, ctx, mode, per_pass=cmd.per_pass)
+            generate(resident.engine(model_of(cmd.batches, resident)), cmd.batches, ctx, mode, per_pass=cmd.per_pass,
+                     adapter_files=resident.adapter_files)
 
 
 def model_of(batches: Sequence[Sequence[Job]], resident: Resident) -> str:
@@ -169,9 +186,19 @@ def start_models(cfg: WorkerConfig, ctx: DistContext) -> Resident:
         warm_up(engine, warmup.sizes, range(1, cfg.batch.max_size + 1), warmup.prompt,
                 cfg.limits_of(name).default_steps, ctx, cfg.parallel.mode, name)
 
-    resident = Resident(load, warm)
+    resident = Resident(load, warm, _adapter_files(cfg))
     resident.load(cfg.model.name)
     return resident
+
+
+def _adapter_files(cfg: WorkerConfig) -> Callable[[LoraRef], Path] | None:
+    """Each rank finds a round's adapter files in its node's cache (rank 0 fetched them at
+    admission; a rank on another node, or after an eviction, fetches them itself)."""
+    if not cfg.lora.accepted:
+        return None
+    cache = AdapterCache(cfg.lora)
+    cache.open()
+    return lambda ref: cache.get(Source(ref.source, ref.field), ref.sha256).path
 
 
 def warm_up(engine: Engine, sizes: tuple[tuple[int, int], ...], batch_sizes: range, prompt: str, steps: int,

@@ -1,6 +1,7 @@
 """Rank 0's gate before the GPU, called by the intake for each leased task:
 
-    validate -> default seed -> fits the context-parallel split -> text check -> report `processing`
+    validate -> default seed -> fits the context-parallel split -> text check -> its adapters fetched
+    -> report `processing`
 
 for the tasks of a lease call together: their prompts go to the text check in one call (a burst costs
 one model call, not one per prompt), and the `processing` reports of those that pass go in one call
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from protocol import ErrorCode
 from safety.guard import Guard
 from safety.verdicts import CheckFailed, Verdict
-from worker.config import LimitsConfig
+from worker.adapters import AdapterCache, AdapterRefused, AdapterUnavailable, Source
+from worker.config import LimitsConfig, LoraConfig
 from worker.model.job import Job
 from worker.model.parallel import sequence_fits
 from worker.serving.ledger import Counter, Ledger, Stage
@@ -51,12 +53,14 @@ class Admission:
     # Several models: the limits and text length of each whose differ from the worker's.
     model_limits: Mapping[str, LimitsConfig] = field(default_factory=dict)
     model_text_tokens: Mapping[str, int] = field(default_factory=dict)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # which adapters a task may bring
+    adapters: AdapterCache | None = None  # the node's adapter files (rank 0 fetches them here)
 
 
     def admit(self, tasks: list[Task]) -> list[Task]:
         """The tasks of one lease call that may be generated (their jobs set): each screened, then
         `processing` for all of them in one call. The others were failed and reported, or dropped."""
-        screened = self._screen([task for task in tasks if self._valid(task)])
+        screened = self._with_adapters(self._screen([task for task in tasks if self._valid(task)]))
         if not screened:
             return []
         t0 = time.perf_counter()
@@ -99,9 +103,33 @@ class Admission:
             self.reporter.fail(task, code, message, retryable=retryable, details=details)
         return passed
 
+    def _with_adapters(self, tasks: list[Task]) -> list[Task]:
+        """Each task's adapters in the node's cache, their sha256 in its job (every rank loads that
+        file); those whose adapters cannot be had were failed and reported."""
+        ready = []
+        for task in tasks:
+            if not task.job.loras:
+                ready.append(task)
+                continue
+            t0 = time.perf_counter()
+            try:
+                refs = tuple(ref.model_copy(update={"sha256": self.adapters.get(Source(ref.source, ref.field),
+                                                                                    ref.sha256).sha256})
+                             for ref in task.job.loras)
+            except AdapterRefused as e:
+                self.reporter.fail(task, ErrorCode.INVALID_REQUEST, str(e), retryable=False)
+                continue
+            except AdapterUnavailable as e:
+                self.reporter.fail(task, ErrorCode.ADAPTER_UNAVAILABLE, str(e), retryable=True)
+                continue
+            task.job = task.job.model_copy(update={"loras": refs})
+            task.timings.record(adapters=(time.perf_counter() - t0) * 1e3)
+            ready.append(task)
+        return ready
+
     def _validate(self, task: Task) -> Job:
         model = (task.lease.model or self.models.first) if self.models else None
-        job = validate_task(task.id, task.lease.input, self.model_limits.get(model, self.limits))
+        job = validate_task(task.id, task.lease.input, self.model_limits.get(model, self.limits), self.lora)
         if job.seed is None:
             job = job.model_copy(update={"seed": default_seed(job.task_id)})
         if model:

@@ -9,7 +9,8 @@ import os
 import threading
 
 from safety.guard import Guard
-from worker.config import WorkerConfig
+from worker.adapters import AdapterCache
+from worker.config import ConfigError, WorkerConfig
 from worker.model.parallel import context_parallel
 from worker.ranks.distributed import DistContext
 from worker.serving import sizing
@@ -55,7 +56,7 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
     metrics = Metrics(state, ledger, ctx.device)
     stop = threading.Event()
     registration = Registration(client, state, ledger, cfg.queue.heartbeat_interval_s, ctx.world_size,
-                                cfg.model.name, ctx.node_id, advertised(cfg.limits))
+                                cfg.model.name, ctx.node_id, advertised(cfg.limits, cfg.lora))
     reporter = Reporter(client, lambda: registration.worker_id, ledger, cfg.queue.report_deadline_s, metrics,
                         discard=post.discard,
                         exchange_hold_s=cfg.queue.lease_hold_s if cfg.queue.exchange else None)
@@ -64,7 +65,8 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
                           context_ranks=ctx.world_size if context_parallel(cfg.parallel, ctx.world_size) else 0,
                           text_tokens=cfg.model.max_sequence_length, models=models,
                           model_limits={name: cfg.limits_of(name) for name in cfg.models},
-                          model_text_tokens={name: m.max_sequence_length for name, m in cfg.models.items()})
+                          model_text_tokens={name: m.max_sequence_length for name, m in cfg.models.items()},
+                          lora=cfg.lora, adapters=_adapter_cache(cfg))
     intake = Intake(Leaser(client, registration, state, cfg.queue, stop, exchanger), admission,
                     target=sizes.lease_ahead, round_=sizes.round)
     ops = profiler = None
@@ -76,6 +78,18 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
     return Coordinator(cfg, ctx, sizes, guard, state, ledger, metrics, post, registration, reporter,
                        Backlog(reporter, ledger), intake, Watchdog(state, ledger, reporter, cfg.deadlines.stall_s),
                        stop, models, ops, profiler)
+
+
+def _adapter_cache(cfg: WorkerConfig) -> AdapterCache | None:
+    """The node's adapter cache, made now (a config error names lora.cache_dir); None: no adapters."""
+    if not cfg.lora.accepted:
+        return None
+    cache = AdapterCache(cfg.lora)
+    try:
+        cache.open()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return cache
 
 
 def _stores(cfg: WorkerConfig) -> tuple[ImageStore, ImageStore | None]:

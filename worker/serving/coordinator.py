@@ -147,10 +147,10 @@ class Coordinator:
             return
         self.models.used(model)
         outs = generate_round(resident.engine(model), batches, self.ctx, self.cfg.parallel.mode, self.sizes.per_slot,
-                              self.ledger, self.metrics, self.profiler)
+                              self.ledger, self.metrics, self.profiler, resident.adapter_files)
         for task, out in zip(round_, outs):
             if out.errors:
-                self.reporter.fail(task, ErrorCode.GENERATION_FAILED, "; ".join(out.errors), retryable=True)
+                self.reporter.fail(task, **_generation_failure(out.errors))
                 continue
             task.timings.record(settle=settle_ms, **out.timings)
             post = self.post.submit(task, out)
@@ -171,6 +171,14 @@ class Coordinator:
             self.reporter.release(task)
         broadcast(lockstep.Shutdown(f"unhealthy: {reason}"), self.ctx)
         raise Unhealthy(reason)
+
+
+def _generation_failure(errors: list[str]) -> dict:
+    """How a task its round failed is reported: an adapter that fits no layer of the model is the
+    task's own (invalid_request, naming the field); anything else may pass elsewhere."""
+    if all("AdapterMismatch: " in e for e in errors):
+        return dict(code=ErrorCode.INVALID_REQUEST, message=errors[0].split("AdapterMismatch: ", 1)[1], retryable=False)
+    return dict(code=ErrorCode.GENERATION_FAILED, message="; ".join(errors), retryable=True)
 
 
 @dataclass

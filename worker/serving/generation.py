@@ -4,8 +4,11 @@ stage, the round is broadcast, every rank generates its batch in lockstep, the i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from worker.model.engine import Engine, peak_memory_mb
+from worker.model.job import LoraRef
 from worker.ranks import lockstep
 from worker.ranks.distributed import DistContext, broadcast
 from worker.serving import rounds
@@ -16,21 +19,23 @@ from worker.serving.task import Task
 
 
 def generate_round(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, per_pass: int,
-                   ledger: Ledger, metrics: Metrics, profiler: Profiler | None = None) -> list[lockstep.Generated]:
+                   ledger: Ledger, metrics: Metrics, profiler: Profiler | None = None,
+                   adapter_files: Callable[[LoraRef], Path] | None = None) -> list[lockstep.Generated]:
     """Each task's outcome, in the order of the batches; a rank makes its batch's images in passes
     of at most `per_pass`. A profiler armed over the ops endpoint starts before the round and
     counts it once it ends."""
     if profiler is not None:
         profiler.before_round()
     try:
-        return _generate(engine, batches, ctx, mode, per_pass, ledger, metrics)
+        return _generate(engine, batches, ctx, mode, per_pass, ledger, metrics, adapter_files)
     finally:
         if profiler is not None:
             profiler.after_round()
 
 
 def _generate(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode: str, per_pass: int,
-              ledger: Ledger, metrics: Metrics) -> list[lockstep.Generated]:
+              ledger: Ledger, metrics: Metrics, adapter_files: Callable[[LoraRef], Path] | None
+              ) -> list[lockstep.Generated]:
     jobs = tuple(tuple(t.job for t in batch) for batch in batches)
     round_ = [task for batch in batches for task in batch]
     metrics.round_generated(rounds.images(batch) for batch in batches)
@@ -41,7 +46,7 @@ def _generate(engine: Engine, batches: list[list[Task]], ctx: DistContext, mode:
     sent_ms = (time.perf_counter() - t0) * 1e3
     for task in round_:
         task.timings.record(broadcast=sent_ms)
-    outs = lockstep.generate(engine, jobs, ctx, mode, per_pass=per_pass)
+    outs = lockstep.generate(engine, jobs, ctx, mode, per_pass=per_pass, adapter_files=adapter_files)
     # Every rank's images for tasks: rank 0's engine counts only its own, warm-up included.
     ledger.counters.add(Counter.IMAGES_GENERATED, sum(len(out.pictures) for out in outs))
     ledger.counters.set(Counter.PEAK_MEMORY_MB, peak_memory_mb(ctx.device))

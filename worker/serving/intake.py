@@ -116,9 +116,9 @@ class Intake:
         return batches
 
     def _one_model(self) -> list[Task]:
-        """The ready tasks a round may take: those of the oldest one's model (a round runs one)."""
-        model = self._ready[0].model
-        return [t for t in self._ready if t.model == model]
+        """The ready tasks of the oldest one's model and adapters: a round runs one of each."""
+        model, adapters = self._ready[0].model, self._ready[0].adapter_set
+        return [t for t in self._ready if t.model == model and t.adapter_set == adapters]
 
     def _hungry(self) -> bool:  # less than a round ready: the next round would wait for the queue
         return len(self._ready) < self._round

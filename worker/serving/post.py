@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol import ErrorCode, ErrorEnvelope, ImageResult, TaskResult
+from protocol import AdapterUsed, ErrorCode, ErrorEnvelope, ImageResult, TaskResult
 from safety.guard import Guard
 from safety.verdicts import CheckFailed
 from worker.config import EncodeConfig
@@ -118,7 +118,8 @@ class PostStage:
         return TaskResult(uri=first.uri, url=first.url, content_type=first.content_type, width=job.width,
                           height=job.height, seed=first.seed, bytes=first.bytes, sha256=first.sha256,
                           timings_ms=task.timings.as_dict(), batch_size=out.batch_size, rank=out.rank,
-                          model=job.model or self.model_name, images=images)
+                          model=job.model or self.model_name, images=images,
+                          loras=[AdapterUsed(source=r.source, scale=r.scale, sha256=r.sha256) for r in job.loras])
 
     def _put(self, job: Job, index: int, data: bytes, content_type: str, created_at: float) -> StoredObject | ErrorEnvelope:
         try:
@@ -209,6 +210,8 @@ def object_metadata(job: Job, model_name: str, include_prompt: bool, index: int 
             "prompt_sha256": hashlib.sha256(job.prompt.encode()).hexdigest()}
     if job.num_images > 1:
         meta["image"] = f"{index} of {job.num_images}"
+    if job.loras:
+        meta["loras"] = ",".join(f"{ref.sha256}:{ref.scale:g}" for ref in job.loras)
     if include_prompt:
         meta["prompt"] = job.prompt
     return meta

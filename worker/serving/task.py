@@ -69,6 +69,11 @@ class Task:
         return (self.job.width, self.job.height, self.job.steps)
 
     @property
+    def adapter_set(self) -> tuple:
+        """Its LoRA adapters and scales, once admitted: a round's tasks share one set."""
+        return self.job.adapter_set if self.job else ()
+
+    @property
     def images(self) -> int:
         """How many images it asks for (input.num_images)."""
         return self.job.num_images

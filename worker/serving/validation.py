@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from protocol import WorkerLimits, bidi_control
 from tomlconf import describe_errors
-from worker.config import LimitsConfig
-from worker.model.job import Job
+from worker.adapters import AdapterRefused, resolve
+from worker.config import LimitsConfig, LoraConfig
+from worker.model.job import Job, LoraRef
 
 MAX_SEED = 2**63 - 1
 # Widths and heights must be multiples of it (the VAE's 8 x the transformer's 2x2 patches).
@@ -29,6 +30,14 @@ class InvalidRequest(ValueError):
     """A task input that this worker refuses; str(e) is the reason reported to the client."""
 
 
+class _Lora(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    source: StrictStr = Field(min_length=1, max_length=2000)
+    scale: StrictFloat | StrictInt = 1.0
+    sha256: StrictStr | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+
 class _Input(BaseModel):
     # strict: "512" is not 512, true is not 1; extra: unknown fields are refused, not ignored.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -40,9 +49,10 @@ class _Input(BaseModel):
     seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
     output_format: StrictStr | None = None
     num_images: StrictInt | None = None
+    loras: list[_Lora] | None = Field(None, max_length=64)
 
 
-def validate_task(task_id: str, raw: Any, limits: LimitsConfig) -> Job:
+def validate_task(task_id: str, raw: Any, limits: LimitsConfig, lora: LoraConfig = LoraConfig()) -> Job:
     if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
         raise InvalidRequest(f"task id {task_id!r} is not a safe object name ([A-Za-z0-9._-], max 128)")
     if not isinstance(raw, dict):
@@ -60,6 +70,7 @@ def validate_task(task_id: str, raw: Any, limits: LimitsConfig) -> Job:
         seed=req.seed,
         output_format=_check_format(req.output_format, limits),
         num_images=_check_images(req.num_images, req.seed, limits),
+        loras=_check_loras(req.loras or [], lora),
     )
     if job.width * job.height > limits.max_pixels:
         raise InvalidRequest(f"width x height = {job.width * job.height} pixels exceeds {limits.max_pixels}")
@@ -110,6 +121,24 @@ def _check_images(value: int | None, seed: int | None, limits: LimitsConfig) -> 
     return value
 
 
+def _check_loras(loras: list[_Lora], cfg: LoraConfig) -> tuple[LoraRef, ...]:
+    if len(loras) > cfg.accepted:
+        if not cfg.accepted:
+            raise InvalidRequest("loras: this worker takes no adapters (no lora.allow or lora.registered)")
+        raise InvalidRequest(f"loras: {len(loras)} adapters, the limit is {cfg.accepted}")
+    refs = []
+    for i, item in enumerate(loras):
+        field = f"input.loras[{i}].source"
+        if abs(item.scale) > cfg.max_scale:
+            raise InvalidRequest(f"loras[{i}].scale: {item.scale} is outside [-{cfg.max_scale}, {cfg.max_scale}]")
+        try:
+            source = resolve(item.source, cfg, field)
+        except AdapterRefused as e:
+            raise InvalidRequest(str(e).removeprefix("input.")) from None
+        refs.append(LoraRef(source=source.url, scale=float(item.scale), sha256=item.sha256, field=field))
+    return tuple(refs)
+
+
 def _check_format(value: str | None, limits: LimitsConfig) -> str:
     if value is None:
         return limits.output_formats[0]
@@ -118,10 +147,11 @@ def _check_format(value: str | None, limits: LimitsConfig) -> str:
     return value
 
 
-def advertised(limits: LimitsConfig) -> WorkerLimits:
+def advertised(limits: LimitsConfig, lora: LoraConfig = LoraConfig()) -> WorkerLimits:
     """What this validation accepts, as the worker's registration tells the scheduler, so that the
     scheduler refuses at submission what no live worker would accept."""
     return WorkerLimits(max_prompt_chars=limits.max_prompt_chars, min_side=limits.min_side, max_side=limits.max_side,
                         size_multiple=SIZE_MULTIPLE, max_pixels=limits.max_pixels, default_width=limits.default_width,
                         default_height=limits.default_height, max_steps=limits.max_steps,
-                        output_formats=list(limits.output_formats), max_images=limits.max_images)
+                        output_formats=list(limits.output_formats), max_images=limits.max_images,
+                        max_adapters=lora.accepted)

@@ -1,7 +1,7 @@
 import pytest
 
 from protocol import WorkerLimits
-from worker.config import LimitsConfig
+from worker.config import LimitsConfig, LoraConfig
 from worker.serving.validation import InvalidRequest, advertised, validate_task
 
 LIMITS = LimitsConfig(min_side=64, max_side=1024, max_pixels=1024 * 768, default_width=256,
@@ -85,4 +85,42 @@ def test_a_direction_mark_is_allowed():
 def test_the_limits_advertised_are_the_ones_validation_applies():
     assert advertised(LIMITS) == WorkerLimits(max_prompt_chars=100, min_side=64, max_side=1024, size_multiple=16,
                                               max_pixels=1024 * 768, default_width=256, default_height=256,
-                                              max_steps=8, output_formats=["jpeg", "webp", "png"], max_images=4)
+                                              max_steps=8, output_formats=["jpeg", "webp", "png"], max_images=4,
+                                              max_adapters=0)
+
+
+LORA = LoraConfig(allow=("https://hub.example/loras/",), registered={"ink": "gs://adapters/ink.safetensors"},
+                  max_adapters=2)
+
+
+def test_adapters_resolve_to_their_urls_with_scales_and_hashes():
+    job = validate_task("t1", {"prompt": "x", "loras": [
+        {"source": "ink"}, {"source": "https://HUB.example/loras/a.safetensors", "scale": 0.5, "sha256": "a" * 64}]},
+        LIMITS, LORA)
+    assert [(r.source, r.scale, r.sha256, r.field) for r in job.loras] == [
+        ("gs://adapters/ink.safetensors", 1.0, None, "input.loras[0].source"),
+        ("https://hub.example/loras/a.safetensors", 0.5, "a" * 64, "input.loras[1].source")]
+    assert job.adapter_set == (("gs://adapters/ink.safetensors", 1.0), ("a" * 64, 0.5))
+    assert advertised(LIMITS, LORA).max_adapters == 2 and advertised(LIMITS).max_adapters == 0
+
+
+@pytest.mark.parametrize("loras, reason", [
+    ([{"source": "ink"}] * 3, "loras: 3 adapters, the limit is 2"),
+    ([{"source": "ink", "scale": 5}], "loras[0].scale: 5 is outside [-4.0, 4.0]"),
+    ([{"source": "ink", "scale": "1"}], "loras.0.scale"),
+    ([{"source": "ink", "sha256": "XYZ"}], "loras.0.sha256"),
+    ([{"source": "ink", "weight": 1}], "weight: unknown field"),
+    ([{"source": "noir"}], "loras[0].source: 'noir' is neither a registered adapter (ink) nor a URL"),
+    ([{"source": "https://evil.example/a.safetensors"}], "loras[0].source: https://evil.example/a.safetensors is not under"),
+    ([{"source": "https://hub.example/loras/../x"}], "has . or .. segments"),
+])
+def test_adapter_refusals_name_the_field(loras, reason):
+    with pytest.raises(InvalidRequest) as e:
+        validate_task("t1", {"prompt": "x", "loras": loras}, LIMITS, LORA)
+    assert reason in str(e.value)
+
+
+def test_a_worker_with_no_adapter_source_takes_none():
+    with pytest.raises(InvalidRequest, match=r"loras: this worker takes no adapters \(no lora.allow or lora.registered\)"):
+        validate_task("t1", {"prompt": "x", "loras": [{"source": "ink"}]}, LIMITS)
+    assert validate_task("t1", {"prompt": "x", "loras": []}, LIMITS).loras == ()
