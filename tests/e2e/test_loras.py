@@ -1,9 +1,11 @@
-"""End to end, LoRA adapters per task (input.loras): the scheduler, a 2-rank worker on the tiny
-model, tiny adapters built with peft at test time (non-zero weights), served from a real HTTP server
-on 127.0.0.1 (an allowed prefix) and from the GCS emulator (a registered name). Tasks with different
-adapter sets and several images succeed; each image is the one one unbatched rank makes with those
-adapters for its seed, and differs from the adapter-free one; a wrong sha256 and a pickle are refused
-naming the field; the scheduler refuses more adapters than its live workers take."""
+"""End to end, LoRA adapters and several images per task (input.loras, input.num_images): the
+scheduler, a 2-rank worker on the tiny model, tiny adapters built with peft at test time (non-zero
+weights), served from a real HTTP server on 127.0.0.1 (an allowed prefix) and from the GCS emulator
+(a registered name). Tasks with different adapter sets and several images succeed; image i of a task
+is the one one unbatched rank makes with those adapters for seed + i (within one level per pixel:
+the worker batches), stored as <task id>~i, and differs from the adapter-free one; a wrong sha256
+and a pickle are refused naming the field; the scheduler refuses more adapters or images than its
+live workers take. One worker stack for both features: each costs CI a dozen seconds."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def pixels(uri: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(Path(urlparse(uri).path).read_bytes())).convert("RGB")).astype(int)
 
 
-def test_tasks_bring_their_adapters_and_get_the_images_one_rank_makes_with_them(make_stack, served, tiny_model,
+def test_tasks_bring_adapters_and_several_images_and_get_what_one_rank_makes_with_them(make_stack, served, tiny_model,
                                                                              tmp_path):
     stack = make_stack()
     stack.proc = stack.worker(nproc=2, overrides=[
@@ -70,7 +72,7 @@ def test_tasks_bring_their_adapters_and_get_the_images_one_rank_makes_with_them(
         env={"STORAGE_EMULATOR_HOST": served["emulator"]})
     url, sha = served["url"], served["sha"]
     inps = {
-        "plain": {"prompt": "a lighthouse", "seed": 11, **BASE},
+        "plain": {"prompt": "a lighthouse", "seed": 11, "num_images": 3, **BASE},
         "ink": {"prompt": "a lighthouse", "seed": 11, "loras": [{"source": f"{url}/ink.safetensors"}], **BASE},
         "ink+clay": {"prompt": "a lighthouse", "seed": 11, "num_images": 2, **BASE,
                      "loras": [{"source": f"{url}/ink.safetensors", "scale": 0.8, "sha256": sha["ink"]},
@@ -91,6 +93,13 @@ def test_tasks_bring_their_adapters_and_get_the_images_one_rank_makes_with_them(
         error = tasks[name]["error"]
         assert tasks[name]["status"] == "failed" and error["code"] == "invalid_request" and not error["retryable"]
         assert why in error["message"], (name, error["message"])
+    for name in ("plain", "ink+clay"):  # every image listed, named after the task, its top level the first
+        task_id, result, n = ids[name], tasks[name]["result"], inps[name]["num_images"]
+        assert [(i["index"], i["seed"], i["withheld"]) for i in result["images"]] == [
+            (k, inps[name]["seed"] + k, None) for k in range(n)]
+        assert [Path(urlparse(i["uri"]).path).name for i in result["images"]] == (
+            [f"{task_id}.png"] + [f"{task_id}~{k}.png" for k in range(1, n)])
+        assert (result["uri"], result["seed"]) == (result["images"][0]["uri"], inps[name]["seed"])
     # The result records each adapter's file, given or not.
     assert tasks["ink+clay"]["result"]["loras"] == [
         {"source": f"{url}/ink.safetensors", "scale": 0.8, "sha256": sha["ink"]},
@@ -110,7 +119,7 @@ def test_tasks_bring_their_adapters_and_get_the_images_one_rank_makes_with_them(
             return engine.generate(job).pixels.astype(int)
 
         plain = alone(inps["plain"], 11, [])
-        cases = [("plain", 11, []), ("ink", 11, [("ink", 1.0)]), ("neon", 3, [("neon", 1.5)])]
+        cases = [("plain", 11 + i, []) for i in range(3)] + [("ink", 11, [("ink", 1.0)]), ("neon", 3, [("neon", 1.5)])]
         cases += [("ink+clay", 11 + i, [("ink", 0.8), ("clay", 0.5)]) for i in range(2)]
         seen = {}
         for name, seed, adapters in cases:
@@ -125,7 +134,11 @@ def test_tasks_bring_their_adapters_and_get_the_images_one_rank_makes_with_them(
     assert np.abs(seen[("ink", 11)] - plain).max() > 2
     assert np.abs(seen[("ink+clay", 11)] - seen[("ink", 11)]).max() > 2  # so did the second and the scale
     assert np.array_equal(seen[("plain", 11)], plain)  # and the adapter-free task got the adapter-free image
+    assert all(np.abs(seen[("plain", 11 + i)] - seen[("plain", 12 + i)]).max() > 8 for i in range(2))  # own seeds
 
     refused = stack.client.http.post("/v1/tasks", json={"input": {"prompt": "x", "loras": [{"source": "clay"}] * 4}})
     assert refused.status_code == 422
     assert refused.json()["detail"] == "input.loras: 4 adapter(s) is above every live worker's limit (3)"
+    refused = stack.client.http.post("/v1/tasks", json={"input": {"prompt": "five cats", "num_images": 5}})
+    assert refused.status_code == 422
+    assert refused.json()["detail"] == "input.num_images: 5 is above every live worker's limit (4)"
