@@ -42,6 +42,7 @@ class AdapterCache:
         self._fetch = fetch
         self.hits = 0
         self.misses = 0
+        self._ranks: dict[str, int] = {}  # sha256 -> rank, each file's header read once by this process
 
     def open(self) -> None:
         """Makes the cache's folders; a config error names lora.cache_dir when it cannot."""
@@ -78,7 +79,9 @@ class AdapterCache:
             size = path.stat().st_size
         except OSError:
             return None
-        return CachedAdapter(sha256, path, size, inspect_file(path, source.field, self.cfg.max_rank).rank)
+        if sha256 not in self._ranks:  # every rank asks for a round's files each round: read a header once
+            self._ranks[sha256] = inspect_file(path, source.field, self.cfg.max_rank).rank
+        return CachedAdapter(sha256, path, size, self._ranks[sha256])
 
     def _fetched(self, source: Source, expected: str | None) -> CachedAdapter:
         tmp = self.root / f".fetch-{secrets.token_hex(8)}"
@@ -93,6 +96,7 @@ class AdapterCache:
         finally:
             tmp.unlink(missing_ok=True)
         (self.root / "sources" / _digest(source.url)).write_text(sha256)
+        self._ranks[sha256] = checked.rank
         log.info("adapter %s fetched: %s, rank %d, %d bytes", source.url, sha256[:12], checked.rank,
                  path.stat().st_size)
         return CachedAdapter(sha256, path, path.stat().st_size, checked.rank)
