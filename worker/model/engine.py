@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from worker.config import ModelConfig, ParallelConfig, SpeedConfig
+from worker.config import LoraConfig, ModelConfig, ParallelConfig, SpeedConfig
 from worker.model import parallel, speed
-from worker.model.adapters import Adapters
+from worker.model.adapters import Adapters, Slots
 from worker.model.compile_cache import CompileCache, compile_errors
 from worker.model.generic_path import GenericPath
 from worker.model.job import Job
@@ -70,7 +70,10 @@ class Engine:
 
     @classmethod
     def load(cls, cfg: ModelConfig, device: torch.device, speed_cfg: SpeedConfig = SpeedConfig(),
-             parallel_cfg: ParallelConfig = ParallelConfig(), world_size: int = 1) -> "Engine":
+             parallel_cfg: ParallelConfig = ParallelConfig(), world_size: int = 1,
+             lora: LoraConfig | None = None) -> "Engine":
+        """`lora`: the adapters tasks may bring (None: none); with speed.compile they get fixed slots,
+        prepared here before the compile."""
         from diffusers.utils import logging as dlog
         from transformers.utils import logging as tlog
 
@@ -90,13 +93,21 @@ class Engine:
                 raise ValueError(f"parallel.mode: 'context' needs a transformer with a context-parallel plan; "
                                  f"{type(pipe.transformer).__name__} has none (use mode = 'data')")
             parallel.enable_context_parallel(pipe.transformer, parallel_cfg, world_size, device)
+        slots = Slots(pipe, lora.max_adapters, lora.max_rank) if lora and lora.accepted and speed_cfg.compile else None
+        if slots is not None:
+            applied.append(slots.prepare())
         applied += speed.after_parallel(pipe, speed_cfg, fullgraph=not context)
         pipe.set_progress_bar_config(disable=True)
         if speed_cfg.prompt_cache_size and not is_flux(pipe):
             log.info("speed.prompt_cache_size skipped: %s embeds its prompts itself", type(pipe).__name__)
         log.info("loaded %s from %s on %s in %.1fs; speed-ups: %s", cfg.name, _origin(cfg), device,
                  time.perf_counter() - t0, ", ".join(applied) or "none")
-        return cls(pipe, cfg, device, speed_cfg.prompt_cache_size, compile_cache)
+        engine = cls(pipe, cfg, device, speed_cfg.prompt_cache_size, compile_cache)
+        if slots is not None:
+            engine.adapters = slots
+        elif lora is not None and engine.adapters is not None:
+            engine.adapters.keep = lora.keep
+        return engine
 
     def generate(self, job: Job) -> Picture:
         """Same (prompt, seed, size, steps) -> same pixels."""

@@ -178,10 +178,7 @@ def swap(resident: Resident, cmd: Swap, ctx: DistContext) -> list[str]:
 def start_models(cfg: WorkerConfig, ctx: DistContext) -> Resident:
     """Every rank's models: [model] loaded and warmed up now, the others ([models.<id>]) on a Swap."""
     def load(name: str) -> Engine:
-        engine = Engine.load(cfg.catalog[name], ctx.device, cfg.speed_of(name), cfg.parallel, ctx.world_size)
-        if engine.adapters is not None:
-            engine.adapters.keep = cfg.lora.keep
-        return engine
+        return Engine.load(cfg.catalog[name], ctx.device, cfg.speed_of(name), cfg.parallel, ctx.world_size, cfg.lora)
 
     def warm(engine: Engine) -> None:
         name = engine.cfg.name
