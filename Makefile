@@ -11,7 +11,7 @@ BENCH_OUT ?= var/bench
 # and diffusers from source again. It goes to .venv and to __pycache__ folders git ignores.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo test test-quick docs policy-forms policy-model policy-teacher bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models wheelhouse scheduler node clean
+.PHONY: install demo test test-quick docs policy-forms policy-model policy-teacher bench bench-mixed bench-safety bench-post bench-latency bench-scheduler bench-fleet bench-calls bench-models bench-lora wheelhouse scheduler node clean
 
 # The prompt policy's learned layer is built here, not shipped in git: trained from the labelled
 # prompts in safety/policy/training/ and the teacher's embeddings of them (about two minutes on two
@@ -141,6 +141,11 @@ bench-calls: install
 # (bench/models.py; MODELS_ARGS="--seconds 120" for a longer run).
 bench-models: install
 	$(PY) -m bench models --out $(BENCH_OUT)/models.json $(MODELS_ARGS)
+
+# LoRA adapters on the tiny model: a round with 0, 1 and 3 (unfused, fused, the compiled mode's
+# slots), a switch between sets, the compile with and without slots, the cache under a mixed load.
+bench-lora: install models/tiny-flux/model_index.json
+	$(PY) -m bench lora --out $(BENCH_OUT)/lora.json $(LORA_ARGS)
 
 # What rank 0's post stage (image check, encode, store) carries per core, on photographs at
 # 1360x768 and 1024x1024, and what each output format and setting costs to encode.

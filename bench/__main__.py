@@ -18,6 +18,7 @@ BENCHMARKS = {
     "calls": ("bench.calls", "bench-calls", "each hot call's CPU in the scheduler"),
     "models": ("bench.models", "bench-models", "several models on a fleet: swaps with and without affinity"),
     "post": ("bench.post", "bench-post", "rank 0's post stage: image check, encode, store"),
+    "lora": ("bench.lora", "bench-lora", "LoRA adapters: a round with 0/1/3, switches, compile, the cache's hit rate"),
     "latency": ("bench.latency", "bench-latency", "a task's latency from submit to result, by stage"),
     "policy": ("bench.policy", "bench-safety", "the prompt policy on the labelled sets, by language"),
     "safety": ("bench.safety", "bench-safety", "the embedded default's whole text and image checks"),
