@@ -44,6 +44,16 @@ class Wanted:
         return f"lora-{self.sha256[:16]}"
 
 
+def holder_for(pipe, lora, compiled: bool) -> "Adapters | Slots":
+    """What holds a pipeline's adapters: with `compiled` and a source tasks may bring adapters from
+    (`lora`, a LoraConfig), slots, prepared now, before the compile; otherwise adapters by name."""
+    if lora is not None and lora.accepted and compiled:
+        slots = Slots(pipe, lora.max_adapters, lora.max_rank)
+        log.info("adapters: %s", slots.prepare())
+        return slots
+    return Adapters(pipe, keep=lora.keep if lora is not None else 8)
+
+
 def combined(wanted: Sequence[Wanted]) -> list[Wanted]:
     """One entry per file: the same adapter named twice (two sources, one content) adds its
     low-rank product twice, which is the adapter once at the sum of the scales."""

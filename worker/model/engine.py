@@ -26,7 +26,7 @@ import torch
 
 from worker.config import LoraConfig, ModelConfig, ParallelConfig, SpeedConfig
 from worker.model import parallel, speed
-from worker.model.adapters import Adapters, Slots
+from worker.model.adapters import Adapters, Slots, holder_for
 from worker.model.compile_cache import CompileCache, compile_errors
 from worker.model.generic_path import GenericPath
 from worker.model.job import Job
@@ -53,7 +53,7 @@ class Batch:
 
 class Engine:
     def __init__(self, pipe, cfg: ModelConfig, device: torch.device, prompt_cache_size: int = 0,
-                 compile_cache: CompileCache | None = None) -> None:
+                 compile_cache: CompileCache | None = None, adapters: Adapters | Slots | None = None) -> None:
         self.pipe = pipe
         self.cfg = cfg
         self.device = device
@@ -64,7 +64,7 @@ class Engine:
         self.flux = is_flux(pipe)
         self.prompts = PromptCache(pipe, cfg.max_sequence_length, prompt_cache_size) if self.flux else None
         self.generic = GenericPath(pipe, cfg) if pipe is not None and not self.flux else None
-        self.adapters = Adapters(pipe) if pipe is not None else None  # LoRA, set per round (input.loras)
+        self.adapters = adapters or (Adapters(pipe) if pipe is not None else None)  # LoRA per round (input.loras)
         # One thread draws each batch's noise beside the text encoders (FLUX).
         self._noise = ThreadPoolExecutor(max_workers=1, thread_name_prefix="noise")
 
@@ -72,8 +72,6 @@ class Engine:
     def load(cls, cfg: ModelConfig, device: torch.device, speed_cfg: SpeedConfig = SpeedConfig(),
              parallel_cfg: ParallelConfig = ParallelConfig(), world_size: int = 1,
              lora: LoraConfig | None = None) -> "Engine":
-        """`lora`: the adapters tasks may bring (None: none); with speed.compile they get fixed slots,
-        prepared here before the compile."""
         from diffusers.utils import logging as dlog
         from transformers.utils import logging as tlog
 
@@ -93,21 +91,14 @@ class Engine:
                 raise ValueError(f"parallel.mode: 'context' needs a transformer with a context-parallel plan; "
                                  f"{type(pipe.transformer).__name__} has none (use mode = 'data')")
             parallel.enable_context_parallel(pipe.transformer, parallel_cfg, world_size, device)
-        slots = Slots(pipe, lora.max_adapters, lora.max_rank) if lora and lora.accepted and speed_cfg.compile else None
-        if slots is not None:
-            applied.append(slots.prepare())
+        adapters = holder_for(pipe, lora, compiled=speed_cfg.compile)  # slots: prepared before the compile
         applied += speed.after_parallel(pipe, speed_cfg, fullgraph=not context)
         pipe.set_progress_bar_config(disable=True)
         if speed_cfg.prompt_cache_size and not is_flux(pipe):
             log.info("speed.prompt_cache_size skipped: %s embeds its prompts itself", type(pipe).__name__)
         log.info("loaded %s from %s on %s in %.1fs; speed-ups: %s", cfg.name, _origin(cfg), device,
                  time.perf_counter() - t0, ", ".join(applied) or "none")
-        engine = cls(pipe, cfg, device, speed_cfg.prompt_cache_size, compile_cache)
-        if slots is not None:
-            engine.adapters = slots
-        elif lora is not None and engine.adapters is not None:
-            engine.adapters.keep = lora.keep
-        return engine
+        return cls(pipe, cfg, device, speed_cfg.prompt_cache_size, compile_cache, adapters)
 
     def generate(self, job: Job) -> Picture:
         """Same (prompt, seed, size, steps) -> same pixels."""
