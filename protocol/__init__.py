@@ -6,6 +6,7 @@ pydantic alone, so another scheduler or a client can reuse it as the schema.
 
 from protocol.errors import CANCELLED_MARK, ErrorCode, was_cancelled
 from protocol.models import (
+    AdapterSetKey,
     AdapterUsed,
     BIDI_CONTROLS,
     FINAL_STATUSES,
@@ -17,6 +18,7 @@ from protocol.models import (
     Lease,
     LeaseRequest,
     LeaseResponse,
+    MAX_ADAPTER_SETS,
     ModelFigures,
     ModelId,
     ModelsView,
@@ -45,11 +47,12 @@ from protocol.models import (
     WorkerModels,
     WorkerStatus,
     WorkerView,
+    adapter_set_key,
     bidi_control,
     parse_body,
 )
 
-__all__ = ["AdapterUsed", "parse_body", "CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
-           "LeaseResponse", "ModelFigures", "ModelId", "ModelsView", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Exchange", "Exchanged", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
+__all__ = ["AdapterSetKey", "AdapterUsed", "adapter_set_key", "parse_body", "CANCELLED_MARK", "was_cancelled", "FINAL_STATUSES", "DeviceInfo", "ErrorCode", "ErrorEnvelope", "Heartbeat", "HeartbeatReply", "Lease", "LeaseRequest",
+           "LeaseResponse", "MAX_ADAPTER_SETS", "ModelFigures", "ModelId", "ModelsView", "QueueFigures", "Registered", "RegistrationStatus", "RegisterWorker", "Exchange", "Exchanged", "Report", "ReportBatch", "ReportOutcome", "ReportOutcomes", "ReportStatus", "SubmitBatch", "SubmitTask", "SubmittedBatch", "TaskList",
            "ImageResult", "TaskReport", "TaskResult", "TaskStatus", "TaskView", "Webhook", "WebhookAttempt", "WorkerLimits", "WorkerModels", "WorkerStatus", "WorkerView",
            "BIDI_CONTROLS", "bidi_control"]

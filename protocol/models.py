@@ -12,13 +12,15 @@ cannot know, and accepts. Types and unknown fields are left to the worker.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import unicodedata
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator,
+                      model_serializer, model_validator)
 
 TaskStatus = Literal["queued", "leased", "processing", "succeeded", "failed", "cancelled"]
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a task in one never changes again
@@ -150,6 +152,20 @@ class WebhookAttempt(_Strict):
 
 ModelId = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")]
 MAX_MODELS = 64  # models one worker may hold or load
+# A task's set of LoRA adapters as the scheduler routes by it (adapter_set_key); "" is none.
+AdapterSetKey = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+MAX_ADAPTER_SETS = 64  # sets one worker may say it holds
+
+
+def adapter_set_key(loras: Any) -> str:
+    """The name of a task's set of adapters (its `input.loras`), for routing: "" for none; else 16
+    hex digits of the SHA-256 of its distinct sources, sorted, one per line (scales do not count: a
+    worker that holds a set switches scales for free). The scheduler stores it with the task and
+    a worker names the sets it holds by it, each from the task's input as submitted."""
+    if not isinstance(loras, list):
+        return ""
+    sources = sorted({item["source"] for item in loras if isinstance(item, dict) and isinstance(item.get("source"), str)})
+    return hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16] if sources else ""
 
 
 class SubmitTask(_Strict):
@@ -400,6 +416,8 @@ class WorkerView(_Strict):
     ops_url: str | None = None
     limits: WorkerLimits | None = None
     models: WorkerModels | None = Field(None, description="as last told (registration, heartbeat or lease)")
+    adapters: list[str] = Field([], description=(
+        "the sets of LoRA adapters it holds loaded (adapter_set_key), as its lease last said or a claim gave it"))
     status: RegistrationStatus
     in_flight: list[str]
     warnings: list[str] = Field([], description="e.g. a safety check switched off by config")
@@ -410,11 +428,26 @@ class WorkerView(_Strict):
     last_heartbeat_age_s: float | None = Field(None, description="seconds since the last heartbeat")
 
 
-class LeaseRequest(_Strict):
+class _SaysAdapters(_Strict):
+    """A worker's call that may say which sets of adapters it holds: said only when it holds or
+    held any, so a worker without adapters sends what schedulers before the field accept."""
+
+    @model_serializer(mode="wrap")
+    def _unsaid(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("adapters", ()) is None:
+            del data["adapters"]
+        return data
+
+
+class LeaseRequest(_SaysAdapters):
     max_tasks: int = Field(1, ge=1, le=256)
     wait_s: float = Field(0.0, ge=0.0, le=60.0, description="long-poll: wait this long for work")
     resident: list[ModelId] | None = Field(None, max_length=MAX_MODELS, description=(
         "the models it holds resident now; absent: as it last said"))
+    adapters: list[AdapterSetKey] | None = Field(None, max_length=MAX_ADAPTER_SETS, description=(
+        "the sets of adapters it holds loaded now (adapter_set_key of their tasks' input.loras); "
+        "absent: as it last said"))
 
 
 class Lease(_Strict):
@@ -488,7 +521,7 @@ class ReportBatch(_Strict):
     reports: list[TaskReport] = Field(min_length=1, max_length=256)
 
 
-class Exchange(_Strict):
+class Exchange(_SaysAdapters):
     """POST /v1/workers/{wid}/exchange: a worker's one call per task in steady state. It carries the
     reports since its last call (results, and the `processing` notes of the tasks it admitted, each
     with its own `at`) and its request for more tasks; the answer carries each report's outcome,
@@ -506,6 +539,8 @@ class Exchange(_Strict):
     wait_s: float = Field(0.0, ge=0.0, le=60.0, description="long-poll: wait this long for new tasks")
     resident: list[ModelId] | None = Field(None, max_length=MAX_MODELS, description=(
         "the models it holds resident now; absent: as it last said"))
+    adapters: list[AdapterSetKey] | None = Field(None, max_length=MAX_ADAPTER_SETS, description=(
+        "the sets of adapters it holds loaded now, as a lease says them; absent: as it last said"))
 
 
 class ReportOutcome(_Strict):

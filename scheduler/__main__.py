@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     models = cfg.models
     store = open_store(db.url, pool_size=db.pool_size, busy_timeout_s=db.busy_timeout_s, **dict(cfg.store),
                        models=models.ids, default_model=models.default, cold_wait_s=models.cold_wait_s,
-                       route=models.route)
+                       route=models.route, adapter_wait_s=models.adapter_wait_s)
     log.info("scheduler on http://%s:%d, db %s, lease ttl %.0fs, max attempts %d, auth %s",
              server.host, server.port, db.url, cfg.store.lease_ttl_s, cfg.store.max_attempts,
              "on" if secrets.worker_tokens else "off (loopback)")

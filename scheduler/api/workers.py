@@ -69,7 +69,7 @@ async def lease(worker_id: str, body: LeaseRequest, request: Request, svc: Servi
 
 async def lease_for(svc: Services, worker_id: str, body: LeaseRequest, request: Request) -> Answer:
     """Up to max_tasks leases, waiting up to wait_s for work; 204 when none came."""
-    got = await _claimed(svc, worker_id, body.max_tasks, body.wait_s, body.resident, request)
+    got = await _claimed(svc, worker_id, body.max_tasks, body.wait_s, body.resident, request, adapters=body.adapters)
     return Answer.of(LeaseResponse(leases=got)) if got else Answer(204)
 
 
@@ -93,7 +93,8 @@ async def exchange_of(svc: Services, worker_id: str, body: Exchange, request: Re
         # Started in the same turn, after the reports: the claim's statement joins their transaction
         # (one commit for the exchange) and sees what they changed (a task they requeued).
         results, got = await asyncio.gather(applying, _claimed(svc, worker_id, body.max_tasks, body.wait_s,
-                                                               body.resident, request, body.exchange_id))
+                                                               body.resident, request, body.exchange_id,
+                                                               body.adapters))
     else:
         results = await applying
         if not body.max_tasks and not body.reports:
@@ -106,10 +107,10 @@ async def _nothing() -> list:
 
 
 async def _claimed(svc: Services, worker_id: str, max_tasks: int, wait_s: float, resident: list[str] | None,
-                   request: Request, claim_id: str | None = None) -> list[Lease]:
+                   request: Request, claim_id: str | None = None, adapters: list[str] | None = None) -> list[Lease]:
     """Up to max_tasks leases, waiting up to wait_s for work; none given to a caller that has left."""
     claims, waiters, metrics = svc.store.claims, svc.waiters, svc.metrics
-    got = await waiters.poll(lambda: claims.aclaim(worker_id, max_tasks, resident, claim_id), wait_s,
+    got = await waiters.poll(lambda: claims.aclaim(worker_id, max_tasks, resident, claim_id, adapters), wait_s,
                              request.is_disconnected)
     if got and await request.is_disconnected():
         # Its worker gave up on the long poll (a timeout, a restart) while the claim ran: nobody

@@ -193,6 +193,10 @@ class ModelsConfig(Section):
     # affinity: a worker's own models first (store/routing.py); fifo: the oldest task of any model
     # it serves, held or not (the baseline make bench-models compares against).
     route: Literal["affinity", "fifo"] = "affinity"
+    # How long a task whose LoRA adapters (input.loras) another live worker holds loaded is left to it
+    # before any worker takes it; with or without model ids. Loading adapters takes a second or two,
+    # a model tens of seconds: so much shorter than cold_wait_s.
+    adapter_wait_s: float = Field(2.0, ge=0)
 
     @field_validator("ids")
     @classmethod

@@ -108,13 +108,14 @@ class Claims(Protocol):
     """Claims and leases."""
 
     def claim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None,
-              claim_id: str | None = None) -> list[Lease]:
+              claim_id: str | None = None, adapters: list[str] | None = None) -> list[Lease]:
         """Atomically lease up to `max_tasks` queued tasks, highest priority first, then FIFO; on a
         fleet of several models, of one model, routed (routing.py). `resident`: the models the
-        worker holds now, when its lease says. `claim_id`: the exchange claiming, recorded on each."""
+        worker holds now, when its lease says. `claim_id`: the exchange claiming, recorded on each.
+        `adapters`: the sets of adapters it holds loaded now, when its lease says (claims.py)."""
 
     async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None,
-                     claim_id: str | None = None) -> list[Lease]: ...
+                     claim_id: str | None = None, adapters: list[str] | None = None) -> list[Lease]: ...
 
     def claimed(self, worker_id: str, claim_id: str) -> list[Lease]:
         """The leases claimed under `claim_id` (an exchange's id) that the worker holds unstarted."""
@@ -211,13 +212,14 @@ def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskV
     )
 
 
-def worker_view(row: Mapping[str, Any], now: float, models: WorkerModels | None = None) -> WorkerView:
+def worker_view(row: Mapping[str, Any], now: float, models: WorkerModels | None = None,
+                adapters: list[str] | None = None) -> WorkerView:
     info = json.loads(row["info"])
     info.pop("models", None)  # kept in worker_models, where leases and heartbeats change it
     beat = row["last_heartbeat"]
     limits = json.loads(row["limits"]) if row["limits"] else None
     return WorkerView(id=row["id"], status=row["status"], node_id=row["node_id"], in_flight=json.loads(row["in_flight"]),
-                      limits=limits, models=models,
+                      limits=limits, models=models, adapters=adapters or [],
                       warnings=json.loads(row["warnings"]), counters=json.loads(row["counters"]),
                       safety_policy=row["safety_policy"],
                       registered_at=row["registered_at"], last_heartbeat=beat,

@@ -4,7 +4,12 @@ for, or take, each other's rows); written once as a plan, run blocking or on the
 
 On a fleet of several models (the store's `models`), a claim first reads the head of each model's
 queue that the worker serves and picks one model (routing.pick); the UPDATE then takes that model's
-tasks only: a lease's tasks share one model, so a worker swaps at most once per lease."""
+tasks only: a lease's tasks share one model, so a worker swaps at most once per lease.
+
+Adapters (a task's input.loras, by protocol.adapter_set_key): a worker that says which sets it holds
+loaded gets their tasks first; otherwise a task whose set another live worker holds is left to it
+for `adapter_wait_s` after its submission, then anyone takes it; a set nobody holds goes to the first
+worker that asks, which is then taken to hold it (no herd of loads within the wait)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ CLAIMABLE = status_in(sources("leased"))  # the queue: the partial index's own c
 UPSERT_MODEL = ("INSERT INTO worker_models (worker_id, model, resident, since) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (worker_id, model) DO UPDATE SET resident = excluded.resident, since = excluded.since"
                 " RETURNING worker_id")  # a step returns rows
+UPSERT_ADAPTERS = ("INSERT INTO worker_adapters (worker_id, adapters, since) VALUES (?, ?, ?)"
+                   " ON CONFLICT (worker_id, adapters) DO NOTHING RETURNING worker_id")
 
 
 class SQLClaims:
@@ -29,12 +36,12 @@ class SQLClaims:
         self._store = store
 
     def claim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None,
-              claim_id: str | None = None) -> list[Lease]:
-        return self._store._run(self._plan(worker_id, max_tasks, resident, claim_id))
+              claim_id: str | None = None, adapters: list[str] | None = None) -> list[Lease]:
+        return self._store._run(self._plan(worker_id, max_tasks, resident, claim_id, adapters))
 
     async def aclaim(self, worker_id: str, max_tasks: int, resident: list[str] | None = None,
-                     claim_id: str | None = None) -> list[Lease]:
-        return await self._store._aclaims(self._plan(worker_id, max_tasks, resident, claim_id))
+                     claim_id: str | None = None, adapters: list[str] | None = None) -> list[Lease]:
+        return await self._store._aclaims(self._plan(worker_id, max_tasks, resident, claim_id, adapters))
 
     def claimed(self, worker_id: str, claim_id: str) -> list[Lease]:
         """The leases an exchange named `claim_id` claimed that its worker still holds unstarted:
@@ -60,35 +67,54 @@ class SQLClaims:
                           (ids, worker_id))
         return sorted(r["id"] for r in rows)
 
-    def _plan(self, worker_id: str, max_tasks: int, resident: list[str] | None, claim_id: str | None) -> Plan:
+    def _plan(self, worker_id: str, max_tasks: int, resident: list[str] | None, claim_id: str | None,
+              adapters: list[str] | None = None) -> Plan:
+        held = (yield from self._holds(worker_id, adapters)) if adapters is not None else ()
         if self._store.models:
-            return self._routed(worker_id, max_tasks, resident, claim_id)
-        return self._claim(worker_id, max_tasks, claim_id=claim_id)
+            return (yield from self._routed(worker_id, max_tasks, resident, claim_id, held))
+        return (yield from self._claim(worker_id, max_tasks, claim_id=claim_id, held=held))
 
-    def _claim(self, worker_id: str, max_tasks: int, model: str | None = None, claim_id: str | None = None) -> Plan:
+    def _holds(self, worker_id: str, adapters: list[str]) -> Plan:
+        """The sets of adapters the worker says it holds now, replacing what the store has."""
+        had = {r["adapters"] for r in (yield Read("SELECT adapters FROM worker_adapters WHERE worker_id = ?",
+                                                  (worker_id,)))}
+        now = set(adapters)
+        if gone := sorted(had - now):
+            yield Write(f"DELETE FROM worker_adapters WHERE worker_id = ? AND adapters IN ({_marks(gone)})"
+                        " RETURNING worker_id", (worker_id, *gone))
+        if new := sorted(now - had):
+            yield WriteEach(UPSERT_ADAPTERS, [(worker_id, key, self._store.clock()) for key in new])
+        return sorted(now)
+
+    def _claim(self, worker_id: str, max_tasks: int, model: str | None = None, claim_id: str | None = None,
+               held: tuple[str, ...] | list[str] = ()) -> Plan:
         """Atomically lease up to `max_tasks` queued tasks (of `model` alone, when given), highest
-        priority first, then FIFO: one UPDATE ... RETURNING, one round trip. Tokens are fresh random
-        values made by the database (fencing tokens: a report also needs the worker's id and bearer
-        token)."""
+        priority first, then FIFO: one UPDATE ... RETURNING, one round trip (two for a worker that
+        holds adapters and finds none of their tasks). Tokens are fresh random values made by the
+        database (fencing tokens: a report also needs the worker's id and bearer token)."""
         store = self._store
         now = store.clock()
         deadline = leases.deadline(now, store.lease_ttl_s)
-        queue, of_model, args = (store.QUEUE_INDEX, "", ()) if model is None else \
-            (store.MODEL_QUEUE_INDEX, " AND model = ?", (model,))
-        rows = yield Write(
-            f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
-            f" lease_token = {store.TOKEN_SQL}, lease_deadline = ?, updated_at = ?, claim_id = ?"
-            f" WHERE id IN (SELECT id FROM tasks{queue} WHERE {CLAIMABLE}{of_model} ORDER BY priority DESC, seq"
-            f" LIMIT ?{store.SKIP_LOCKED}) AND EXISTS"
-            f" (SELECT 1 FROM workers WHERE id = ? AND status != '{RegistrationStatus.DRAINED}')"
-            f" RETURNING id, input, created_at, lease_token, attempts, priority, seq, model",
-            (worker_id, deadline, now, claim_id, *args, max_tasks, worker_id))
+        of_model, args = ("", ()) if model is None else (" AND model = ?", (model,))
+        rows = []
+        if held:  # the tasks of the sets of adapters it holds loaded, first
+            rows = yield Write(_update(store, store.ADAPTER_QUEUE_INDEX,
+                                       f" AND adapters <> '' AND adapters IN ({_marks(held)}){of_model}"),
+                               (worker_id, deadline, now, claim_id, *held, *args, max_tasks, worker_id))
+        if not rows:
+            rows = yield Write(_update(store, store.QUEUE_INDEX if model is None else store.MODEL_QUEUE_INDEX,
+                                       of_model + HELD_ELSEWHERE),
+                               (worker_id, deadline, now, claim_id, *args, now - store.adapter_wait_s, worker_id,
+                                max_tasks, worker_id))
         if not rows:
             check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
+        if taken := sorted({r["adapters"] for r in rows} - {""} - set(held)):
+            yield WriteEach(UPSERT_ADAPTERS, [(worker_id, key, now) for key in taken])  # it will hold them
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
         return [_lease(r, deadline, store.lease_ttl_s) for r in rows]
 
-    def _routed(self, worker_id: str, max_tasks: int, resident: list[str] | None, claim_id: str | None) -> Plan:
+    def _routed(self, worker_id: str, max_tasks: int, resident: list[str] | None, claim_id: str | None,
+                held: list[str] | tuple[str, ...] = ()) -> Plan:
         """What the worker serves (updated first when its lease says what it holds now), the head
         of each of those models' queues, and who holds them: then the claim of the model picked,
         and that model marked resident on the worker when it will have to load it."""
@@ -113,10 +139,31 @@ class SQLClaims:
             if not mine:
                 check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
             return []
-        got = yield from self._claim(worker_id, max_tasks, model, claim_id)
+        got = yield from self._claim(worker_id, max_tasks, model, claim_id, held)
         if got and not mine[model]:
             yield Write(UPSERT_MODEL, (worker_id, model, 1, now))
         return got
+
+
+# A task whose adapters another live worker holds is left to it for adapter_wait_s after its
+# submission (args: that time's start, the claiming worker). The subquery does not depend on the row:
+# one read per claim; a task without adapters stops at its first term.
+HELD_ELSEWHERE = (" AND (adapters = '' OR created_at <= ? OR adapters NOT IN (SELECT wa.adapters FROM worker_adapters wa"
+                  f" JOIN workers w ON w.id = wa.worker_id WHERE wa.worker_id != ? AND {status_in(TAKING, 'w.status')}))")
+
+
+def _update(store: Database, queue: str, where: str) -> str:
+    """The claim: the first queued tasks of `queue` that `where` allows, leased to the worker."""
+    return (f"UPDATE tasks SET status = 'leased', attempts = attempts + 1, worker_id = ?,"
+            f" lease_token = {store.TOKEN_SQL}, lease_deadline = ?, updated_at = ?, claim_id = ?"
+            f" WHERE id IN (SELECT id FROM tasks{queue} WHERE {CLAIMABLE}{where} ORDER BY priority DESC, seq"
+            f" LIMIT ?{store.SKIP_LOCKED}) AND EXISTS"
+            f" (SELECT 1 FROM workers WHERE id = ? AND status != '{RegistrationStatus.DRAINED}')"
+            f" RETURNING id, input, created_at, lease_token, attempts, priority, seq, model, adapters")
+
+
+def _marks(values) -> str:
+    return ", ".join("?" * len(values))
 
 
 def _lease(row, deadline: float, ttl_s: float) -> Lease:

@@ -95,6 +95,7 @@ class Database(PlanRunner):
     LOCK_ROW = ""  # appended to a SELECT of a row about to change
     QUEUE_INDEX = ""  # appended to `FROM tasks` where the queue is read in its order
     MODEL_QUEUE_INDEX = ""  # likewise, where one model's queue is
+    ADAPTER_QUEUE_INDEX = ""  # likewise, where the queue of tasks with adapters is
     GREATEST = "MAX"  # the two-argument maximum
     WANTS_STARTED = "instr(webhook, '\"started\"') > 0"  # the webhook asks for the started event
     inline = False  # True: in-process and short, called on the app's event loop instead of a thread
@@ -103,7 +104,7 @@ class Database(PlanRunner):
     def __init__(self, *, lease_ttl_s: float = 60.0, max_attempts: int = 3, liveness_s: float = 90.0,
                  worker_retention_s: float = 86400.0, task_retention_s: float = 7 * 86400.0,
                  models: Sequence[str] = (), default_model: str = "", cold_wait_s: float = 10.0,
-                 route: Route = "affinity",
+                 route: Route = "affinity", adapter_wait_s: float = 2.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.lease_ttl_s = lease_ttl_s
         self.max_attempts = max_attempts
@@ -116,6 +117,7 @@ class Database(PlanRunner):
         self.default_model = (default_model or models[0]) if models else None  # a task naming none
         self.cold_wait_s = cold_wait_s
         self.route = route
+        self.adapter_wait_s = adapter_wait_s  # how long a task waits for the worker holding its adapters
         self.clock = clock
         self.reclaimed = ReclaimTally()
 

@@ -40,6 +40,7 @@ class SQLiteStore(SQLStore):
     # Without statistics (no ANALYZE) its planner prefers tasks_status and sorts the whole queue.
     QUEUE_INDEX = " INDEXED BY tasks_queue"
     MODEL_QUEUE_INDEX = " INDEXED BY tasks_model_queue"
+    ADAPTER_QUEUE_INDEX = " INDEXED BY tasks_adapter_queue"
 
     def __init__(self, path: str | Path, busy_timeout_s: float = 10.0, **options: Any) -> None:
         """`busy_timeout_s`: how long a statement waits for the file's lock held by another process."""

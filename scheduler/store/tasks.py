@@ -6,7 +6,7 @@ import json
 import uuid
 from typing import Any
 
-from protocol import FINAL_STATUSES, ModelFigures, QueueFigures, SubmitTask, TaskView
+from protocol import FINAL_STATUSES, ModelFigures, QueueFigures, SubmitTask, TaskView, adapter_set_key
 from scheduler.store.base import Refused
 from scheduler.store.database import Database, task_row
 from scheduler.end_rate import END_RATE_MIN_TASKS, END_RATE_WINDOW_S, queue_wait_s
@@ -59,11 +59,11 @@ class SQLTasks:
 
     def _insert(self, req: SubmitTask, now: float, announce: bool) -> tuple[str, tuple]:
         sql = ("INSERT INTO tasks (id, idempotency_key, input, priority, status, max_attempts, created_at, updated_at,"
-               " webhook, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING"
+               " webhook, model, adapters) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING"
                " RETURNING *")
         args = (uuid.uuid4().hex, req.idempotency_key, json.dumps(req.input, sort_keys=True), req.priority, INITIAL,
                 req.max_attempts or self._store.max_attempts, now, now,
-                req.webhook.model_dump_json() if req.webhook else None, req.model)
+                req.webhook.model_dump_json() if req.webhook else None, req.model, adapter_set_key(req.input.get("loras")))
         return (self._store._announced(sql) if announce else sql), args
 
     def get(self, task_id: str) -> TaskView:

@@ -31,6 +31,8 @@ class SQLUpkeep:
                        " AND COALESCE(last_heartbeat, registered_at) < ?", (now - self._store.worker_retention_s,))
             db.execute("DELETE FROM worker_models WHERE NOT EXISTS"
                        " (SELECT 1 FROM workers WHERE workers.id = worker_models.worker_id)")
+            db.execute("DELETE FROM worker_adapters WHERE NOT EXISTS"
+                       " (SELECT 1 FROM workers WHERE workers.id = worker_adapters.worker_id)")
             self._store._notify(db, len(taken))
         settle(self._store, taken)
         for worker in lost:

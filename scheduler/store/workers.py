@@ -101,8 +101,11 @@ class SQLWorkers:
         for r in read.execute("SELECT worker_id, model, resident FROM worker_models ORDER BY model"):
             models = held.setdefault(r["worker_id"], WorkerModels())
             (models.resident if r["resident"] else models.loadable).append(r["model"])
+        sets: dict[str, list[str]] = {}
+        for r in read.execute("SELECT worker_id, adapters FROM worker_adapters ORDER BY since DESC, adapters"):
+            sets.setdefault(r["worker_id"], []).append(r["adapters"])
         now = self._store.clock()
-        return [worker_view(r, now, held.get(r["id"])) for r in rows]
+        return [worker_view(r, now, held.get(r["id"]), sets.get(r["id"], [])) for r in rows]
 
     def fleet_limits(self) -> list[WorkerLimits | None]:
         """The distinct limits of the workers that can take tasks (one row per kind of worker, however

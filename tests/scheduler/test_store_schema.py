@@ -26,8 +26,8 @@ def test_sqlite_and_postgresql_end_with_the_same_schema(postgres, tmp_path):
     PostgresStore(url, pool_size=2).close()
     with sqlite3.connect(tmp_path / "s.db") as lite, psycopg.connect(url, row_factory=dict_row) as pg:
         on_sqlite, on_postgres = describe_sqlite(lite), describe_postgres(pg)
-    assert set(on_sqlite) == {"tasks", "workers", "worker_models", "schema_migrations"}
-    assert len(on_sqlite["tasks"]["indexes"]) == 7 and on_sqlite["tasks"]["unique"] == {("id",), ("idempotency_key",)}
+    assert set(on_sqlite) == {"tasks", "workers", "worker_models", "worker_adapters", "schema_migrations"}
+    assert len(on_sqlite["tasks"]["indexes"]) == 8 and on_sqlite["tasks"]["unique"] == {("id",), ("idempotency_key",)}
     for table in on_sqlite:
         assert on_sqlite[table] == on_postgres[table], table
 
@@ -131,12 +131,13 @@ def _default(text: str | None) -> str | None:
 
 def _predicate(text: str | None) -> str | None:
     """A partial index's condition as both can say it: PostgreSQL's `= ANY (ARRAY[...])` is `IN (...)`,
-    casts and enclosing parentheses dropped, lower case, single spaces."""
+    casts, enclosing parentheses and those around each comparison dropped, lower case, single spaces."""
     if text is None:
         return None
     text = re.sub(r"::[a-z ]+", "", text)
     text = re.sub(r"= ANY \(ARRAY\[(.*?)\]\)", r"IN (\1)", text)
     text = " ".join(text.lower().split())
+    text = re.sub(r"\(([a-z_]+ (?:=|<>) '[^']*')\)", r"\1", text)  # (a = 'x') and (b <> ''): no parentheses
     while text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
         text = text[1:-1]
     return text
