@@ -22,7 +22,8 @@ import pytest
 import torch
 from PIL import Image
 
-from launch.local import REPO
+from launch.local import REPO, wait_until
+from protocol import adapter_set_key
 from launch.tiny_model import make_tiny_lora
 from tests.harness import Emulator
 from worker.config import ModelConfig, load_config
@@ -104,6 +105,12 @@ def test_tasks_bring_adapters_and_several_images_and_get_what_one_rank_makes_wit
     assert tasks["ink+clay"]["result"]["loras"] == [
         {"source": f"{url}/ink.safetensors", "scale": 0.8, "sha256": sha["ink"]},
         {"source": "gs://adapters/flux/clay.safetensors", "scale": 0.5, "sha256": sha["clay"]}]
+
+    # The worker says which sets of adapters it holds loaded (the scheduler routes their tasks to it):
+    # those of the tasks that ran, not those of the tasks refused, which the claims first marked.
+    held = {adapter_set_key(inps[name]["loras"]) for name in ("ink", "ink+clay", "neon")}
+    wait_until(lambda: [set(w["adapters"]) for w in stack.registered()] == [held], 60,
+               "the worker saying the sets of adapters it holds", stack.proc)
 
     # What one unbatched rank in this process makes with the same adapters.
     engine = Engine.load(ModelConfig(source=str(tiny_model), dtype="float32", device="cpu", max_sequence_length=64),

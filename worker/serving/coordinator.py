@@ -27,6 +27,7 @@ from worker.config import WorkerConfig
 from worker.model.resident import Resident, weights_mb
 from worker.ranks import lockstep
 from worker.ranks.distributed import DistContext, broadcast
+from worker.serving.adapter_sets import HeldSets
 from worker.serving.backlog import Backlog
 from worker.serving.generation import generate_round
 from worker.serving.intake import Intake
@@ -82,6 +83,7 @@ class Coordinator:
         self.ledger.counters.set(Counter.MAX_PENDING, self.sizes.max_pending)
         self._swap = SwapTurn(self.ctx, self.models, self.ledger, self.state, self.metrics, self.reporter,
                               self.intake, self.cfg.deadlines.swap_s)
+        self._adapter_sets = HeldSets()  # the sets of adapters the scheduler may route to it
 
     # ------------------------------------------------------------ lifecycle
 
@@ -148,6 +150,7 @@ class Coordinator:
         self.models.used(model)
         outs = generate_round(resident.engine(model), batches, self.ctx, self.cfg.parallel.mode, self.sizes.per_slot,
                               self.ledger, self.metrics, self.profiler, resident.adapter_files)
+        self._adapter_sets.after(round_, resident.engine(model), self.state)
         for task, out in zip(round_, outs):
             if out.errors:
                 self.reporter.fail(task, **_generation_failure(out.errors))

@@ -62,6 +62,7 @@ class _Request:
 
     n: int
     resident: list[str] | None
+    adapters: list[str] | None = None
     taken: bool = False  # a sender's call carries it
     answered: bool = False
     leases: list[Lease] = field(default_factory=list)
@@ -116,11 +117,12 @@ class Outbox:
             request.leases, request.answered = leases, True
             self._cond.notify_all()
 
-    def hold(self, n: int, resident: list[str] | None, hold_s: float, wake: Callable[[], bool]) -> list[Lease] | None:
+    def hold(self, n: int, resident: list[str] | None, hold_s: float, wake: Callable[[], bool],
+             adapters: list[str] | None = None) -> list[Lease] | None:
         """Holds a request for up to n tasks for a sender's call to carry, for at most `hold_s` or
         until `wake()` (fewer ready, or stopping). The tasks it got ([]: carried, and none were
         left); None: not carried, ask now."""
-        request = _Request(n, resident)
+        request = _Request(n, resident, adapters)
         end = time.monotonic() + hold_s
         with self._cond:
             self._request = request
@@ -161,7 +163,8 @@ class Exchanger:
         notes, request = self.outbox.take(MAX_REPORTS - len(reports), request=True)
         leases: list[Lease] = []
         try:
-            body = self._body(notes + reports, request.n if request else 0, 0.0, request.resident if request else None)
+            body = self._body(notes + reports, request.n if request else 0, 0.0, request.resident if request else None,
+                              request.adapters if request else None)
             t0 = time.perf_counter()
             try:
                 answer = self._client.exchange(self._worker_id(), body, deadline_s)
@@ -182,8 +185,9 @@ class Exchanger:
             if request is not None:
                 self.outbox.answer(request, leases)
 
-    def hold(self, n: int, resident: list[str] | None, hold_s: float, wake: Callable[[], bool]) -> list[Lease] | None:
-        return self.outbox.hold(n, resident, hold_s, wake)
+    def hold(self, n: int, resident: list[str] | None, hold_s: float, wake: Callable[[], bool],
+             adapters: list[str] | None = None) -> list[Lease] | None:
+        return self.outbox.hold(n, resident, hold_s, wake, adapters)
 
     def wake(self) -> None:
         self.outbox.wake()
@@ -195,13 +199,15 @@ class Exchanger:
         except (QueueError, NoExchange) as e:  # kept for the next call, or gone as separate reports
             log.info("the start of tasks not reported yet: %s", e)
 
-    def ask(self, n: int, wait_s: float, resident: list[str] | None, deadline_s: float) -> list[Lease]:
+    def ask(self, n: int, wait_s: float, resident: list[str] | None, deadline_s: float,
+            adapters: list[str] | None = None) -> list[Lease]:
         """The intake's own call: the notes waiting, and a request for up to n tasks, long-polling
         up to wait_s. QueueError as a lease call raises it (NotFound: register again);
         NoExchange when the scheduler has none."""
         notes, _ = self.outbox.take(MAX_REPORTS)
         try:
-            answer = self._client.exchange(self._worker_id(), self._body(notes, n, wait_s, resident), deadline_s)
+            answer = self._client.exchange(self._worker_id(), self._body(notes, n, wait_s, resident, adapters),
+                                           deadline_s)
         except NotFound as e:
             if no_exchange(e):
                 self._off(notes)
@@ -214,9 +220,10 @@ class Exchanger:
         self._told(notes, answer)
         return answer.leases
 
-    def _body(self, reports: list[tuple[str, Report]], n: int, wait_s: float, resident: list[str] | None) -> Exchange:
+    def _body(self, reports: list[tuple[str, Report]], n: int, wait_s: float, resident: list[str] | None,
+              adapters: list[str] | None = None) -> Exchange:
         final = {task_id for task_id, r in reports if r.status != "processing"}
-        return Exchange(exchange_id=uuid.uuid4().hex, max_tasks=n, wait_s=wait_s, resident=resident,
+        return Exchange(exchange_id=uuid.uuid4().hex, max_tasks=n, wait_s=wait_s, resident=resident, adapters=adapters,
                         reports=[TaskReport(task_id=t, **r.model_dump()) for t, r in reports],
                         held=[t for t in self._ledger.in_flight() if t not in final])
 

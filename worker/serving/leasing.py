@@ -48,17 +48,18 @@ class Leaser:
         worker_id = self._registration.worker_id
         models = self._state.models  # what it holds right now: the scheduler routes by it
         resident = models.resident if models else None
+        adapters = self._state.adapters  # the sets of adapters it holds loaded: routed by too
         n = min(n, self._cfg.max_tasks)
         ex = self._exchanger
         try:
             if ex is not None and ex.enabled:
                 if not hungry and self._cfg.lease_hold_s > 0:
-                    got = ex.hold(n, resident, self._cfg.lease_hold_s, lambda: wake() or self._stop.is_set())
+                    got = ex.hold(n, resident, self._cfg.lease_hold_s, lambda: wake() or self._stop.is_set(), adapters)
                     if got is not None:
                         return got
-                leases = retrying(ex.ask, n, self._cfg.lease_wait_s, resident, self._cfg.report_deadline_s)
+                leases = retrying(ex.ask, n, self._cfg.lease_wait_s, resident, self._cfg.report_deadline_s, adapters)
             else:
-                leases = retrying(self._client.lease, worker_id, n, self._cfg.lease_wait_s, resident)
+                leases = retrying(self._client.lease, worker_id, n, self._cfg.lease_wait_s, resident, adapters)
         except NoExchange:  # an older scheduler: the next call is a lease call
             return []
         except NotFound:

@@ -86,10 +86,12 @@ class QueueClient:
         """Retried until `deadline_s`; Interrupted as soon as `interrupt` is set."""
         return self._retrying(deadline_s, self._call, "POST", "/v1/workers", info, Registered, interrupt=interrupt)
 
-    def lease(self, worker_id: str, max_tasks: int, wait_s: float, resident: list[str] | None = None) -> list[Lease]:
+    def lease(self, worker_id: str, max_tasks: int, wait_s: float, resident: list[str] | None = None,
+              adapters: list[str] | None = None) -> list[Lease]:
         """One long-poll; not retried here, because the serve loop must get back to its peers.
-        `resident`: the models it holds now, for a scheduler routing several."""
-        body = LeaseRequest(max_tasks=max_tasks, wait_s=wait_s, resident=resident)
+        `resident`: the models it holds now, for a scheduler routing several; `adapters`: the sets
+        of adapters it holds loaded."""
+        body = LeaseRequest(max_tasks=max_tasks, wait_s=wait_s, resident=resident, adapters=adapters)
         # The server may hold the request for wait_s before answering 204.
         resp = self._call("POST", f"/v1/workers/{worker_id}/lease", body, LeaseResponse,
                           timeout=self._cfg.timeout_s + wait_s)

@@ -28,6 +28,7 @@ class WorkerState:
         self.warnings = list(warnings)  # set once at start, e.g. a safety check switched off
         self.safety_policy = safety_policy  # the prompt policy's version, in every heartbeat
         self._models: WorkerModels | None = None  # what it holds and can load (worker.serving.swapping)
+        self._adapters: list[str] | None = None  # the sets of adapters it holds loaded; None: never any
         self._grace_until = float("-inf")
         self.changed = threading.Event()  # the status changed: the heartbeat says so at once
         self._forgotten: set[str] = set()  # worker ids the scheduler said it does not know
@@ -55,6 +56,17 @@ class WorkerState:
     def models(self) -> WorkerModels | None:
         with self._lock:
             return self._models
+
+    def set_adapters(self, keys: list[str]) -> None:
+        with self._lock:
+            self._adapters = list(keys)
+
+    @property
+    def adapters(self) -> list[str] | None:
+        """The sets of adapters it holds loaded (worker.serving.adapter_sets), for the scheduler to
+        route by; None while it has never held any (its calls then say nothing of them)."""
+        with self._lock:
+            return self._adapters
 
     # ------------------------------------------------------------ registration
 
