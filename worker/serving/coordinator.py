@@ -72,10 +72,8 @@ class Coordinator:
     profiler: Profiler | None = None  # POST /profile on the ops endpoint arms it (serving.profiling)
 
     def __post_init__(self) -> None:
-        # Rank 0 never makes followers wait longer than this without a command.
-        self._keepalive_s = self.cfg.distributed.serve_timeout_s / 4
-        # How long one wait (for work, for the post stage) lasts before the loop looks again: short
-        # enough that a turn, waits included, ends well within deadlines.stall_s.
+        self._keepalive_s = self.cfg.distributed.serve_timeout_s / 4  # the longest followers wait for a command
+        # One wait (for work, for the post stage): short enough that a turn ends well within stall_s.
         d = self.cfg.deadlines
         self._wait_s = min(self._keepalive_s, (d.stall_s - d.generate_s - d.check_s - d.encode_s - d.store_s) / 3)
         # Visible in GET /v1/workers: how much this worker may hold.
