@@ -67,6 +67,15 @@ class AdapterCache:
         self._evict(keep=adapter.path)
         return adapter
 
+    def has(self, source: Source, sha256: str | None = None) -> bool:
+        """Whether `get` would find it here, without fetching (it may still be evicted meanwhile)."""
+        if sha256 is None:
+            try:
+                sha256 = (self.root / "sources" / _digest(source.url)).read_text().strip()
+            except OSError:
+                return False
+        return (self.root / f"{sha256}.safetensors").exists()
+
     def _cached(self, source: Source, sha256: str | None) -> CachedAdapter | None:
         if sha256 is None:
             try:

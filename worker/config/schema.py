@@ -101,6 +101,8 @@ class LoraConfig(Section):
     cache_mb: int = Field(8192, ge=1, description="what the cache may hold; the least recently used go first")
     fetch_timeout_s: float = Field(120.0, gt=0, description="one adapter's whole download")
     keep: int = Field(8, ge=1, le=64, description="adapters each rank's pipeline holds loaded between rounds")
+    # A slow download holds its own task only: the others of its lease, and later leases, go on.
+    fetches: int = Field(4, ge=1, le=32, description="adapter downloads rank 0 runs at once")
 
     @property
     def accepted(self) -> int:
@@ -311,6 +313,9 @@ class DeadlinesConfig(Section):
     gives its tasks back and exits, so torchrun restarts the group."""
 
     admit_s: float = Field(30.0, gt=0, description="validation, text check, processing report")
+    # A task's LoRA adapters fetched into the node's cache, each within lora.fetch_timeout_s (the
+    # default covers three at the default 120 s, one after another).
+    fetch_s: float = Field(400.0, gt=0, description="a task's adapters fetched (input.loras)")
     generate_s: float = Field(120.0, gt=0, description="one round, broadcast to gather")
     check_s: float = Field(30.0, gt=0, description="quality and image check of one image")
     encode_s: float = Field(30.0, gt=0, description="encoding one image into its output format")
@@ -425,6 +430,9 @@ class WorkerConfig(Section):
                              "distributed.serve_timeout_s")
         if self.deadlines.report_s <= self.queue.report_deadline_s:
             raise ValueError("deadlines.report_s must exceed queue.report_deadline_s (the report's own retries)")
+        if self.lora.accepted and self.deadlines.fetch_s < self.lora.fetch_timeout_s:
+            raise ValueError(f"deadlines.fetch_s ({self.deadlines.fetch_s:g}) must be at least lora.fetch_timeout_s "
+                             f"({self.lora.fetch_timeout_s:g}): a download allowed that long would fail its task")
         for name, where in self._sections():
             _warmup_fits(self.warmup_of(name), self.limits_of(name), where)
             self._speed_fits_device(self.speed_of(name), self.catalog[name], where)

@@ -8,6 +8,10 @@ one model call, not one per prompt), and the `processing` reports of those that 
 (POST /v1/reports). A task that does not pass is failed and reported here with its reason (or
 dropped, when its lease is gone) and never reaches a round. Runs on the intake thread, while the
 current round generates.
+
+A task whose adapters are not all in the node's cache is fetched on a pool of `lora.fetches`
+threads and joins the ready tasks when its files are there (`on_ready`, the intake's): a download
+that takes a minute holds that task alone, never the others of its lease or the next leases.
 """
 
 from __future__ import annotations
@@ -15,16 +19,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from protocol import ErrorCode
 from safety.guard import Guard
 from safety.verdicts import CheckFailed, Verdict
-from worker.adapters import AdapterCache, AdapterRefused, AdapterUnavailable, Source
+from worker.adapters import AdapterCache
 from worker.config import LimitsConfig, LoraConfig
 from worker.model.job import Job
 from worker.model.parallel import sequence_fits
+from worker.serving.fetches import Fetches
 from worker.serving.ledger import Counter, Ledger, Stage
 from worker.serving.reporter import Reporter
 from worker.serving.swapping import Models
@@ -55,12 +60,28 @@ class Admission:
     model_text_tokens: Mapping[str, int] = field(default_factory=dict)
     lora: LoraConfig = field(default_factory=LoraConfig)  # which adapters a task may bring
     adapters: AdapterCache | None = None  # the node's adapter files (rank 0 fetches them here)
+    on_ready: Callable[[list[Task]], None] | None = None  # tasks admitted once their adapters were fetched
 
+    def __post_init__(self) -> None:
+        self.fetches = Fetches(self.adapters, self.lora.fetches, self.reporter, self.ledger) if self.adapters else None
 
     def admit(self, tasks: list[Task]) -> list[Task]:
-        """The tasks of one lease call that may be generated (their jobs set): each screened, then
-        `processing` for all of them in one call. The others were failed and reported, or dropped."""
-        screened = self._with_adapters(self._screen([task for task in tasks if self._valid(task)]))
+        """The tasks of one lease call that may be generated now (their jobs set): each screened,
+        then `processing` for all of them in one call. The others were failed and reported, or
+        dropped, or are being fetched (`on_ready` gets them)."""
+        screened = self._screen([task for task in tasks if self._valid(task)])
+        if self.fetches is not None:
+            for task in [t for t in screened if not self.fetches.cached(t)]:
+                screened.remove(task)
+                self.fetches.fetch(task, lambda one: self._processing(self.fetches.with_adapters(one)), self.on_ready)
+        return self._processing(self.fetches.with_adapters(screened) if self.fetches else screened)
+
+    def pending(self) -> int:
+        """Tasks admitted but for their adapters' download: the intake counts them as ready."""
+        return self.fetches.pending() if self.fetches else 0
+
+    def _processing(self, screened: list[Task]) -> list[Task]:
+        """`processing` for all of them in one call; those that may run."""
         if not screened:
             return []
         t0 = time.perf_counter()
@@ -102,30 +123,6 @@ class Admission:
             code, message, retryable, details = refusal  # reported once the check's time is recorded
             self.reporter.fail(task, code, message, retryable=retryable, details=details)
         return passed
-
-    def _with_adapters(self, tasks: list[Task]) -> list[Task]:
-        """Each task's adapters in the node's cache, their sha256 in its job (every rank loads that
-        file); those whose adapters cannot be had were failed and reported."""
-        ready = []
-        for task in tasks:
-            if not task.job.loras:
-                ready.append(task)
-                continue
-            t0 = time.perf_counter()
-            try:
-                refs = tuple(ref.model_copy(update={"sha256": self.adapters.get(Source(ref.source, ref.field),
-                                                                                    ref.sha256).sha256})
-                             for ref in task.job.loras)
-            except AdapterRefused as e:
-                self.reporter.fail(task, ErrorCode.INVALID_REQUEST, str(e), retryable=False)
-                continue
-            except AdapterUnavailable as e:
-                self.reporter.fail(task, ErrorCode.ADAPTER_UNAVAILABLE, str(e), retryable=True)
-                continue
-            task.job = task.job.model_copy(update={"loras": refs})
-            task.timings.record(adapters=(time.perf_counter() - t0) * 1e3)
-            ready.append(task)
-        return ready
 
     def _validate(self, task: Task) -> Job:
         model = (task.lease.model or self.models.first) if self.models else None

@@ -69,6 +69,7 @@ def build(cfg: WorkerConfig, ctx: DistContext) -> Coordinator:
                           lora=cfg.lora, adapters=_adapter_cache(cfg))
     intake = Intake(Leaser(client, registration, state, cfg.queue, stop, exchanger), admission,
                     target=sizes.lease_ahead, round_=sizes.round)
+    admission.on_ready = intake.add  # a task whose adapters took a download joins the ready ones then
     ops = profiler = None
     if cfg.ops.enabled:  # started now, so that liveness is answered while the model loads
         health = Health(state, cfg.deadlines.stall_s, cfg.distributed.load_timeout_s, stop.is_set)

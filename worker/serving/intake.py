@@ -33,7 +33,11 @@ class Leases(Protocol):
 
 class Gate(Protocol):
     def admit(self, tasks: list[Task]) -> list[Task]:
-        """Those that may be generated; the others were failed and reported, or dropped."""
+        """Those that may be generated now; the others were failed and reported, or dropped, or
+        come later through `Intake.add` (their adapters are being fetched)."""
+
+    def pending(self) -> int:
+        """Tasks admitted that come later: counted against the lease-ahead cap."""
 
 
 class Intake:
@@ -68,7 +72,7 @@ class Intake:
 
     def drained(self) -> bool:
         with self._cond:
-            return not self._thread.is_alive() and not self._ready
+            return not self._thread.is_alive() and not self._ready and not self._gate.pending()
 
     def close(self, join_s: float) -> list[Task]:
         """Stops, waits for the thread (bounded), and hands back every task still ready."""
@@ -88,12 +92,12 @@ class Intake:
         return out
 
     def take(self, slots: int, per_slot: int, window_s: float, wait_s: float) -> list[list[Task]]:
-        """The next round (one batch per slot), or [] if nothing was ready within `wait_s` or nudge()
-        was called."""
+        """The next round (one batch per slot); [] if nothing was ready within `wait_s`, or on nudge()."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while not self._ready:
-                self._raise_if_failed()
+                if self._error is not None:  # e.g. the scheduler refused this worker
+                    raise self._error
                 left = deadline - time.monotonic()
                 if left <= 0 or self._nudged or not self._thread.is_alive():
                     self._nudged = False
@@ -123,17 +127,13 @@ class Intake:
     def _hungry(self) -> bool:  # less than a round ready: the next round would wait for the queue
         return len(self._ready) < self._round
 
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
-
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 with self._cond:
-                    while len(self._ready) >= self._target and not self._stop.is_set():
+                    while len(self._ready) + self._gate.pending() >= self._target and not self._stop.is_set():
                         self._cond.wait()
-                    room = self._target - len(self._ready)
+                    room = self._target - len(self._ready) - self._gate.pending()
                 if room > 0 and not self._stop.is_set():
                     self._fill(room)
         except BaseException as e:  # e.g. the scheduler refuses this worker: the serve loop raises it
@@ -143,6 +143,14 @@ class Intake:
             with self._cond:
                 self._cond.notify_all()
 
+    def add(self, admitted: list[Task]) -> None:
+        """Tasks the gate admitted after its call returned (their adapters fetched meanwhile)."""
+        with self._cond:
+            for task in admitted:
+                task.ready_at = time.monotonic()
+                self._ready.append(task)
+            self._cond.notify_all()
+
     def _fill(self, room: int) -> None:
         t0 = time.perf_counter()
         leases = self._leases.lease(room, hungry=self._hungry(), wake=self._hungry)
@@ -150,9 +158,4 @@ class Intake:
         tasks = [Task(lease) for lease in leases]
         for task in tasks:
             task.timings.record(lease=lease_ms)
-        admitted = self._gate.admit(tasks) if tasks else []
-        with self._cond:
-            for task in admitted:
-                task.ready_at = time.monotonic()
-                self._ready.append(task)
-            self._cond.notify_all()
+        self.add(self._gate.admit(tasks) if tasks else [])

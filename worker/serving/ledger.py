@@ -34,6 +34,7 @@ class Stage(StrEnum):
         return stage
 
     ADMIT = "admit", "admit_s"  # validation, text check, `processing` report
+    FETCH = "fetch", "fetch_s"  # its adapters downloaded into the node's cache (then its `processing` report)
     READY = "ready", "stall_s"  # admitted, waiting for a round: only a stuck serve loop leaves it there
     SWAP = "swap", "swap_s"  # its round waits for its model to be loaded on every rank
     GENERATE = "generate", "generate_s"
@@ -45,7 +46,7 @@ class Stage(StrEnum):
     @property
     def started(self) -> bool:
         """Past admission and the wait for a round: giving it back costs the task an attempt."""
-        return self not in (Stage.ADMIT, Stage.READY, Stage.SWAP)
+        return self not in (Stage.ADMIT, Stage.FETCH, Stage.READY, Stage.SWAP)
 
 
 def stage_limits(deadlines: DeadlinesConfig) -> dict[Stage, float]:

@@ -43,6 +43,9 @@ class FakeQueue:
             out, self.tasks = self.tasks[:min(n, self.per_call)], self.tasks[min(n, self.per_call):]
         return [lease(t) for t, _ in out]
 
+    def pending(self) -> int:
+        return 0
+
     def admit(self, tasks: list[Task]) -> list[Task]:
         admitted = [t for t in tasks if not t.id.startswith("bad")]  # "bad...": failed and reported
         for task in admitted:

@@ -187,13 +187,14 @@ def test_an_attempt_never_held_is_unknown_and_its_calls_change_nothing():
 
 def test_each_stage_has_its_deadline_field():
     fields = {stage: stage.field for stage in Stage}
-    assert fields == {Stage.ADMIT: "admit_s", Stage.READY: "stall_s", Stage.SWAP: "swap_s",
+    assert fields == {Stage.ADMIT: "admit_s", Stage.FETCH: "fetch_s", Stage.READY: "stall_s", Stage.SWAP: "swap_s",
                       Stage.GENERATE: "generate_s", Stage.CHECK: "check_s", Stage.ENCODE: "encode_s", Stage.STORE: "store_s",
                       Stage.REPORT: "report_s"}
     assert set(fields.values()) == set(DeadlinesConfig.model_fields)
     assert stage_limits(DeadlinesConfig(store_s=7))[Stage.STORE] == 7
-    # Waiting for its model's swap is not started either: given back, the attempt does not count.
-    assert [s for s in Stage if not s.started] == [Stage.ADMIT, Stage.READY, Stage.SWAP]
+    # Waiting for its adapters' download or its model's swap is not started either: given back, the
+    # attempt does not count.
+    assert [s for s in Stage if not s.started] == [Stage.ADMIT, Stage.FETCH, Stage.READY, Stage.SWAP]
 
 
 def test_counters_have_the_wire_names_they_always_had():
