@@ -34,3 +34,11 @@ def test_a_short_run_swaps_less_with_affinity_than_with_fifo(tmp_path):
     routes = json.loads(out.read_text())["routes"]
     assert routes["affinity"]["completed"] == routes["affinity"]["offered"]
     assert routes["affinity"]["swaps_per_100_tasks"] < routes["fifo"]["swaps_per_100_tasks"]
+
+
+def test_with_adapter_sets_the_schedule_draws_a_set_per_task_by_a_zipf_law():
+    plan = Plan(models=["a"], mix=[1.0], workers=2, work_s=0.5, swap_s=1.0, rate=8.0, seconds=30.0, seed=3, sets=6)
+    drawn = [what for _, what in plan.schedule()]
+    assert all(what.startswith("a/set-") for what in drawn)
+    counts = [drawn.count(f"a/set-{k}") for k in range(6)]
+    assert counts[0] == max(counts) and counts[0] > 2 * counts[5]
