@@ -11,6 +11,9 @@
 # carrying .whl and the policy's learned layer, which `make policy-model` built here and git ignores
 # (safety/policy/lists/learned.json, learned.safetensors and learned.tokenizer.json, 17 MB): without
 # it rank 0 refuses to start.
+# A NAME starting with "lora" runs `bench lora` on the full-size architecture on the GPU instead,
+# e.g. "lora 420 --parts round,switch --rank 16 --files 6 --rounds 5" (adapters' cost per round,
+# fused against unfused, the slots' own share; `--parts compile` compiles the model five times).
 # Each argument is NAME LIMIT_S BENCH_ARGS...; the bench runs the full-size FLUX.1-schnell
 # architecture with random weights at --size (default 1360x768), 16 images, one compile cache for
 # every run of the machine (it survives between calls while the machine is warm).
@@ -29,11 +32,17 @@ python3 -c "import torch, diffusers, transformers; print('torch', torch.__versio
 for run in "$@"; do
   read -r name limit args <<<"$run"
   echo "== $(date -u +%T) $name (limit ${limit}s): $args" | tee -a "$LOG"
-  # shellcheck disable=SC2086
-  timeout -k 10 "$limit" python3 -m bench worker --config configs/flux-schnell.toml --random-weights --images 16 \
-    --size 1360x768 --set speed.compile_cache_dir="$CACHE_DIR" ${WEIGHTS_DIR:+--weights-dir "$WEIGHTS_DIR"} \
-    --out "$BENCH_DIR/$name" $args 2>&1 \
-    | grep -v "Warning\|warn(" >> "$LOG"
+  if [[ $name == lora* ]]; then  # LoRA adapters on the full-size architecture (bench/lora.py)
+    # shellcheck disable=SC2086
+    timeout -k 10 "$limit" python3 -m bench lora --arch flux.1-schnell --device cuda \
+      --out "$BENCH_DIR/$name/bench.json" $args 2>&1 | grep -v "Warning\|warn(\|No LoRA keys" >> "$LOG"
+  else
+    # shellcheck disable=SC2086
+    timeout -k 10 "$limit" python3 -m bench worker --config configs/flux-schnell.toml --random-weights --images 16 \
+      --size 1360x768 --set speed.compile_cache_dir="$CACHE_DIR" ${WEIGHTS_DIR:+--weights-dir "$WEIGHTS_DIR"} \
+      --out "$BENCH_DIR/$name" $args 2>&1 \
+      | grep -v "Warning\|warn(" >> "$LOG"
+  fi
   echo "== $(date -u +%T) $name exit ${PIPESTATUS[0]}" | tee -a "$LOG"
   cp "$BENCH_DIR/$name/bench.json" "$OUT/$name.json" 2>/dev/null
   # --profile: the operator tables, and the traces small enough to bring back

@@ -8,8 +8,9 @@ from bench import lora
 
 
 def test_the_cache_and_the_holders_under_a_mixed_load(tiny_model, tmp_path):
-    files = lora.adapters(tiny_model, tmp_path, 4, rank=8)
-    out = lora.part_cache(tiny_model, files, tasks=40, budgets=(1, 64))
+    setup = lora.Setup(model=str(tiny_model), rank=8)
+    files = lora.adapters(setup, tmp_path, 4)
+    out = lora.part_cache(setup, files, tasks=40, budgets=(1, 64))
     small, large = out["disk"]["1 MiB"], out["disk"]["64 MiB"]
     assert large["fetches"] == len({f.sha256 for f in files}) or large["fetches"] <= len(files)
     assert large["hit rate"] == round(1 - large["fetches"] / out["adapters_asked"], 3)
