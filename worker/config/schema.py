@@ -462,6 +462,11 @@ class WorkerConfig(Section):
         if sp.fuse_qkv and self.lora.accepted:
             raise ValueError(f"{speed}.fuse_qkv: the fused projection would bypass adapters' to_q, to_k and to_v "
                              "layers, silently (lora.allow or lora.registered are set); switch one of them off")
+        if sp.fp8 and self.lora.accepted:
+            # peft wraps torchao's float8 linears in its TorchaoLoraLinear, which refuses them: every
+            # adapter would fail to load (huggingface/diffusers#10621).
+            raise ValueError(f"{speed}.fp8: LoRA adapters cannot be loaded into torchao's float8 linear layers "
+                             "(lora.allow or lora.registered are set); switch one of them off")
         if sp.fp8 and model.dtype == "float32":
             raise ValueError(f"{speed}.fp8: quantizes a bfloat16/float16 model; set {where or 'model.'}dtype")
         if sp.offload != "none" and self.parallel.mode == "context":

@@ -118,6 +118,8 @@ def test_adapters_are_refused_beside_what_would_bypass_them(tmp_path):
     assert load_config(write_config(tmp_path, lora + "[speed]\ncompile = true\n")).lora.accepted == 3  # slots
     with pytest.raises(ConfigError, match=r"lora.allow.*must end in /|lora.allow.*then a path ending in /"):
         load_config(write_config(tmp_path, '[lora]\nallow = ["https://hub.example/loras"]\n'))
+    with pytest.raises(ConfigError, match=r"speed.fp8: LoRA adapters cannot be loaded into torchao's float8"):
+        load_config(write_config(tmp_path, lora + '[model]\ndevice = "cuda"\ndtype = "bfloat16"\n[speed]\nfp8 = true\n'))
     with pytest.raises(ConfigError, match=r"deadlines.fetch_s \(60\) must be at least lora.fetch_timeout_s \(120\)"):
         load_config(write_config(tmp_path, lora + "[deadlines]\nfetch_s = 60\n"))
     # Without a source, adapters are off and every speed-up stays available.
