@@ -104,8 +104,8 @@ class SQLClaims:
         if not rows:
             rows = yield Write(_update(store, store.QUEUE_INDEX if model is None else store.MODEL_QUEUE_INDEX,
                                        of_model + HELD_ELSEWHERE),
-                               (worker_id, deadline, now, claim_id, *args, now - store.adapter_wait_s, worker_id,
-                                max_tasks, worker_id))
+                               (worker_id, deadline, now, claim_id, *args, worker_id, now - store.adapter_wait_s,
+                                worker_id, max_tasks, worker_id))
         if not rows:
             check_registration((yield Read("SELECT status FROM workers WHERE id = ?", (worker_id,))), worker_id)
         if taken := sorted({r["adapters"] for r in rows} - {""} - set(held)):
@@ -145,11 +145,13 @@ class SQLClaims:
         return got
 
 
-# A task whose adapters another live worker holds is left to it for adapter_wait_s after its
-# submission (args: that time's start, the claiming worker). The subquery does not depend on the row:
-# one read per claim; a task without adapters stops at its first term.
-HELD_ELSEWHERE = (" AND (adapters = '' OR created_at <= ? OR adapters NOT IN (SELECT wa.adapters FROM worker_adapters wa"
-                  f" JOIN workers w ON w.id = wa.worker_id WHERE wa.worker_id != ? AND {status_in(TAKING, 'w.status')}))")
+# A task with adapters goes to no worker that takes none (it would fail it), and one whose adapters
+# another live worker holds is left to that worker for adapter_wait_s after its submission (args: the
+# claiming worker, that time's start, the claiming worker). The subqueries do not depend on the row:
+# one read each per claim; a task without adapters stops at the first term.
+HELD_ELSEWHERE = (" AND (adapters = '' OR (NOT EXISTS (SELECT 1 FROM workers WHERE id = ? AND max_adapters = 0)"
+                  " AND (created_at <= ? OR adapters NOT IN (SELECT wa.adapters FROM worker_adapters wa"
+                  f" JOIN workers w ON w.id = wa.worker_id WHERE wa.worker_id != ? AND {status_in(TAKING, 'w.status')}))))")
 
 
 def _update(store: Database, queue: str, where: str) -> str:

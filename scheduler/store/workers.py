@@ -29,11 +29,11 @@ class SQLWorkers:
         worker_id = f"w-{uuid.uuid4().hex[:12]}"
         now = self._store.clock()
         with self._store._tx() as db:
-            db.execute("INSERT INTO workers (id, info, status, registered_at, node_id, limits)"
-                       " VALUES (?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO workers (id, info, status, registered_at, node_id, limits, max_adapters)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?)",
                        (worker_id, req.model_dump_json(exclude={"node_id", "limits", "models"}), REGISTERED.value,
-                        now, req.node_id,
-                        req.limits.model_dump_json() if req.limits else None))
+                        now, req.node_id, req.limits.model_dump_json() if req.limits else None,
+                        req.limits.max_adapters if req.limits else None))
             set_models(db, worker_id, req.models or held_alone(req.model), now)
             taken = self._replace(db, req.node_id, worker_id, now) if req.node_id else []
             self._store._notify(db, len(taken))

@@ -112,3 +112,21 @@ def test_leases_and_exchanges_carry_the_sets_a_worker_holds(make_store, clock):
         assert [le["task_id"] for le in got] == [ink]
         bad = http.post(f"/v1/workers/{holder}/lease", json={"adapters": ["not a key"]})
         assert bad.status_code == 422 and "adapters" in bad.text
+
+
+def test_a_worker_that_takes_no_adapters_is_never_given_a_task_with_them(fleet):
+    from protocol import RegisterWorker, WorkerLimits
+
+    def with_adapters(n: int | None) -> str:
+        limits = None if n is None else WorkerLimits(
+            max_prompt_chars=2000, min_side=64, max_side=1024, max_pixels=1024 * 1024, default_width=256,
+            default_height=256, max_steps=8, output_formats=["png"], max_adapters=n)
+        return fleet.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v",
+                                                     limits=limits))[0]
+
+    fp8, unsaid, lora = with_adapters(0), with_adapters(None), with_adapters(3)
+    ink, plain = submit(fleet, INK), submit(fleet)
+    assert [le.task_id for le in fleet.claims.claim(fp8, 2)] == [plain]  # ink would fail there
+    assert [le.task_id for le in fleet.claims.claim(lora, 2)] == [ink]
+    fog = submit(fleet, FOG)
+    assert [le.task_id for le in fleet.claims.claim(unsaid, 1)] == [fog]  # no limits said: anything
