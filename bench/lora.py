@@ -156,9 +156,9 @@ def part_round(setup: Setup, files, rounds: int) -> dict:
         plain.pipe.unfuse_lora()
     plain.adapters.clear()
     rows["fused into the weights"] = fused
-    slots = slotted(setup)
+    eng, slots = slotted(setup)
     rows[f"3 slots of rank {setup.rank} (eager)"] = {
-        str(n): (slots.use(sets(files, n)), setup.median_round(slots.engine, rounds))[1] for n in (0, 1, 3)}
+        str(n): (slots.use(sets(files, n)), setup.median_round(eng, rounds))[1] for n in (0, 1, 3)}
     base = rows["plain (no adapter loaded)"]["0"]
     return {"ms": rows, "vs_plain": {k: {n: round(v / base, 3) for n, v in r.items()} for k, r in rows.items()}}
 
@@ -171,8 +171,7 @@ def slotted(setup: Setup):
         eng = setup._load(False, 0)
         slots = Slots(eng.pipe, 3, setup.rank)
         slots.prepare()
-        slots.engine = eng
-        setup._engines["slots"] = slots
+        setup._engines["slots"] = (eng, slots)
     return setup._engines["slots"]
 
 
@@ -205,7 +204,7 @@ def part_switch(setup: Setup, files, repeats: int = 5) -> dict:
         timed(lambda: refuse(sets(files, 3) if i % 2 else sets(files[3:], 3))) for i in range(repeats))}
     a.pipe.unfuse_lora()
     named.clear()
-    slots = slotted(setup)
+    _, slots = slotted(setup)
     slots.clear()
     first = timed(lambda: slots.use(sets(files, 3)))
     loads = statistics.median(timed(lambda: slots.use(sets(files, 3) if i % 2 else sets(files[3:], 3)))
@@ -282,7 +281,7 @@ def part_cache(setup: Setup, files, tasks: int, budgets: tuple[int, ...], seed: 
                                     "MB fetched": round(sum(fetched) / 2**20, 1)}
     for label in ("by name, keep 8", "3 slots"):
         if label == "3 slots":
-            held = slotted(setup)
+            _, held = slotted(setup)
             held.clear()
             held.loads = 0
         else:

@@ -143,7 +143,7 @@ async def _worker(http: httpx.AsyncClient, plan: Plan, run: Run, stop: asyncio.E
                 run.swaps += 1
                 run.swap_s += plan.load_s
                 await asyncio.sleep(plan.load_s)
-            held = [k for k in held if k != key][-(plan.held - 1):] + [key] if plan.held > 1 else [key]
+            held = ([k for k in held if k != key] + [key])[-plan.held:]
         work = plan.work_s * rng.uniform(0.8, 1.2)
         run.busy_s += work
         await asyncio.sleep(work)

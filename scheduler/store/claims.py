@@ -78,13 +78,13 @@ class SQLClaims:
         """The sets of adapters the worker says it holds now, replacing what the store has."""
         had = {r["adapters"] for r in (yield Read("SELECT adapters FROM worker_adapters WHERE worker_id = ?",
                                                   (worker_id,)))}
-        now = set(adapters)
-        if gone := sorted(had - now):
+        said = set(adapters)
+        if gone := sorted(had - said):
             yield Write(f"DELETE FROM worker_adapters WHERE worker_id = ? AND adapters IN ({_marks(gone)})"
                         " RETURNING worker_id", (worker_id, *gone))
-        if new := sorted(now - had):
+        if new := sorted(said - had):
             yield WriteEach(UPSERT_ADAPTERS, [(worker_id, key, self._store.clock()) for key in new])
-        return sorted(now)
+        return sorted(said)
 
     def _claim(self, worker_id: str, max_tasks: int, model: str | None = None, claim_id: str | None = None,
                held: tuple[str, ...] | list[str] = ()) -> Plan:

@@ -69,19 +69,19 @@ class AdapterCache:
 
     def has(self, source: Source, sha256: str | None = None) -> bool:
         """Whether `get` would find it here, without fetching (it may still be evicted meanwhile)."""
-        if sha256 is None:
-            try:
-                sha256 = (self.root / "sources" / _digest(source.url)).read_text().strip()
-            except OSError:
-                return False
-        return (self.root / f"{sha256}.safetensors").exists()
+        sha256 = sha256 or self._known(source)
+        return sha256 is not None and (self.root / f"{sha256}.safetensors").exists()
+
+    def _known(self, source: Source) -> str | None:
+        """The content `source` gave when it was last fetched; None: never fetched here."""
+        try:
+            return (self.root / "sources" / _digest(source.url)).read_text().strip()
+        except OSError:
+            return None
 
     def _cached(self, source: Source, sha256: str | None) -> CachedAdapter | None:
-        if sha256 is None:
-            try:
-                sha256 = (self.root / "sources" / _digest(source.url)).read_text().strip()
-            except OSError:
-                return None
+        if (sha256 := sha256 or self._known(source)) is None:
+            return None
         path = self.root / f"{sha256}.safetensors"
         try:
             os.utime(path)  # recently used: the last to be evicted

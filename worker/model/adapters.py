@@ -28,6 +28,11 @@ import torch
 log = logging.getLogger(__name__)
 
 
+def adapter_name(sha256: str) -> str:
+    """An adapter's name in a pipeline (and in `held()`): made from its file's content."""
+    return f"lora-{sha256[:16]}"
+
+
 class AdapterMismatch(ValueError):
     """The file's weights fit no layer of this model (another architecture, or other shapes)."""
 
@@ -41,7 +46,7 @@ class Wanted:
 
     @property
     def name(self) -> str:
-        return f"lora-{self.sha256[:16]}"
+        return adapter_name(self.sha256)
 
 
 def holder_for(pipe, lora, compiled: bool) -> "Adapters | Slots":
@@ -130,7 +135,6 @@ class Slots:
         self.pipe = pipe
         self.count = count
         self.rank = rank
-        self.keep = count  # what stays loaded between rounds: the slots' contents
         self._in: list[tuple[str, float] | None] = [None] * count  # each slot's (sha256, scale)
         self._scales: list[list] = []  # each slot's scale tensors, one per layer
         self._base: list[torch.Tensor | None] = [None] * count  # each slot's scales at 1.0, stacked
@@ -183,7 +187,7 @@ class Slots:
             self._used[i] = self._rounds
 
     def held(self) -> list[str]:
-        return [f"lora-{held[0][:16]}" for held in self._in if held is not None]
+        return [adapter_name(held[0]) for held in self._in if held is not None]
 
     def clear(self) -> None:
         """Every slot empty and at scale 0 (its weights stay until a load overwrites them)."""

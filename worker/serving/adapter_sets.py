@@ -9,6 +9,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from protocol import MAX_ADAPTER_SETS, adapter_set_key
+from worker.model.adapters import adapter_name
 
 
 class HeldSets:
@@ -41,5 +42,5 @@ class HeldSets:
         if holder is None or job is None or (not job.loras and state.adapters is None):
             return
         self.used(adapter_set_key(round_[0].lease.input.get("loras")),
-                  [f"lora-{ref.sha256[:16]}" for ref in job.loras if ref.sha256])
+                  [adapter_name(ref.sha256) for ref in job.loras if ref.sha256])
         state.set_adapters(self.held(holder.held()))
