@@ -40,7 +40,8 @@ SETTLE_S = 60.0  # after the load: every task must have ended by then
 REG = {"world_size": 1, "devices": [{"name": "sim", "memory_bytes": 0}], "model": "sim", "version": "stress"}
 RESULT = {"uri": "file:///stress.png", "content_type": "image/png", "width": 16, "height": 16, "seed": 1,
           "bytes": 1, "sha256": "0"}
-GONE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)  # the scheduler killed or restarting
+# The scheduler killed or restarting: no connection, no answer in time, or an answer cut off mid-body.
+GONE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 
 
 class Fleet:
@@ -48,6 +49,7 @@ class Fleet:
         self.url = url
         self.codes: Counter[int] = Counter()  # every answer's status code
         self.fivexx: list[str] = []
+        self.crashed: list[str] = []  # a simulated worker that stopped on an error of its own (a harness bug)
         self.answered: dict[str, str] = {}  # idempotency key -> task id
         self.keys_offered = 0
         self.accepted: Counter[str] = Counter()  # task id -> succeeded reports answered 200
@@ -168,7 +170,9 @@ async def load(fleet: Fleet, restart) -> None:
     while time.monotonic() < end and len(fleet.served_after) < WORKERS:
         await asyncio.sleep(0.2)
     fleet.stop.set()
-    await asyncio.gather(*workers, return_exceptions=True)
+    for n, outcome in enumerate(await asyncio.gather(*workers, return_exceptions=True)):
+        if isinstance(outcome, Exception):
+            fleet.crashed.append(f"worker {n}: {type(outcome).__name__}: {outcome}")
 
 
 async def all_succeeded(fleet: Fleet, http: aiohttp.ClientSession) -> bool:
@@ -222,6 +226,7 @@ def test_a_fleet_through_a_scheduler_killed_midway_loses_and_duplicates_nothing(
           f"stopped in {stopped_in:.2f}s (exit {code})")
     # The fleet came back to the new process: a worker whose call was open at the kill registers again; one
     # between calls goes on with its registration, which the database kept.
+    assert fleet.crashed == [], fleet.crashed  # else a worker stopped serving on the harness's own error
     assert len(procs) == 2 and len(fleet.served_after) == WORKERS and fleet.registrations > WORKERS
     assert fleet.fivexx == [], fleet.fivexx[:5]
     assert len(fleet.answered) == fleet.keys_offered > RATE * LOAD_S / 2  # every submit answered in the end
