@@ -167,6 +167,12 @@ class Waiters:
         self._stopping = True
         self.notify(len(self._queue))
 
+    def notify_later(self, delay_s: float, n: int) -> None:
+        """`notify(n)` after `delay_s`: for tasks no waiter may take before then (a set of adapters
+        left to the worker holding it), so that a waiting worker looks when it may, not at its next
+        poll (lease_poll_s) or the next task's wake-up. Nothing if nobody waits by then."""
+        asyncio.get_running_loop().call_later(delay_s, self.notify, n)
+
     def notify(self, n: int) -> None:
         while n > 0 and self._queue:
             fut = self._queue.popleft()

@@ -59,6 +59,8 @@ async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: 
     svc.metrics.submissions.labels("created" if created else "replayed").inc()
     if created:
         svc.waiters.notify(1)
+        if body.input.get("loras") and (hold_s := svc.store.adapter_wait_s) > 0:
+            svc.waiters.notify_later(hold_s, 1)  # the holder of its adapters had it first; now anyone
     headers: tuple[tuple[str, str], ...] = ()
     if (wait_s := _preferred_wait(prefer, svc.api.waits.max_s)) is not None:
         headers = (("Preference-Applied", f"wait={wait_s:g}"),)
@@ -68,7 +70,7 @@ async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: 
 
 @router.post("/v1/tasks/batch", status_code=201, response_model=SubmittedBatch, responses={409: {}, 429: {}})
 async def submit_batch(body: SubmitBatch, request: Request, tasks: TasksDep, call: StoreCall, gate: GateDep,
-                       metrics: MetricsDep, waiters: WaitersDep) -> SubmittedBatch:
+                       metrics: MetricsDep, waiters: WaitersDep, store: StoreDep) -> SubmittedBatch:
     """Many tasks in one call and one transaction: all are stored, or none."""
     with gate.taking(len(body.tasks)):
         await gate.check(body.tasks, request)
@@ -81,6 +83,9 @@ async def submit_batch(body: SubmitBatch, request: Request, tasks: TasksDep, cal
     metrics.submissions.labels("created").inc(created)
     metrics.submissions.labels("replayed").inc(len(out) - created)
     waiters.notify(created)
+    if (hold_s := store.adapter_wait_s) > 0 and (held := sum(
+            c and bool(t.input.get("loras")) for t, (_, c) in zip(body.tasks, out))):
+        waiters.notify_later(hold_s, held)  # as submit_one does
     return SubmittedBatch(tasks=[t for t, _ in out], created=[c for _, c in out])
 
 

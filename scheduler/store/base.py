@@ -170,6 +170,7 @@ class Store(Protocol):
     models: frozenset[str]  # the fleet's models; empty: one model, tasks name none
     default_model: str | None  # the model of a task that names none
     cold_wait_s: float
+    adapter_wait_s: float  # a task of a set of adapters a live worker holds is its alone this long
     location: str  # the file or URL it was opened on
     inline: bool  # calls are in-process and short: the app makes them on its event loop
     # Held tasks this process took back (expired lease, lost or restarted worker), by (reason code,

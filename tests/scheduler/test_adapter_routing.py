@@ -130,3 +130,39 @@ def test_a_worker_that_takes_no_adapters_is_never_given_a_task_with_them(fleet):
     assert [le.task_id for le in fleet.claims.claim(lora, 2)] == [ink]
     fog = submit(fleet, FOG)
     assert [le.task_id for le in fleet.claims.claim(unsaid, 1)] == [fog]  # no limits said: anything
+
+
+@pytest.mark.parametrize("call", ["one", "batch"])
+def test_a_long_poll_is_woken_when_a_task_left_to_its_holder_may_go_to_anyone(tmp_path, call):
+    """The holder is busy; another worker's long poll is not woken by the submit (the task is not yet
+    its to take) and its own next look (lease_poll_s) would come long after adapter_wait_s: a wake-up at
+    the end of the wait gives it the task then, not at the end of its poll."""
+    import threading
+    import time
+
+    from scheduler.config.schema import WaitsConfig
+    from scheduler.store import SQLiteStore
+
+    s = SQLiteStore(tmp_path / "s.db", adapter_wait_s=0.3)  # the real clock: the wait really ends
+    holder, other = worker(s), worker(s)
+    api = ApiConfig(sweep_interval_s=3600, waits=WaitsConfig(lease_poll_s=60.0))
+    with TestClient(create_app(s, api)) as http:
+        submit(s, INK)
+        assert len(http.post(f"/v1/workers/{holder}/lease", json={"max_tasks": 1}).json()["leases"]) == 1  # it holds INK
+        got: list = []
+
+        def poll() -> None:
+            started = time.monotonic()
+            leases = http.post(f"/v1/workers/{other}/lease", json={"max_tasks": 1, "wait_s": 30.0}).json()["leases"]
+            got.extend((le["task_id"], time.monotonic() - started) for le in leases)
+
+        polling = threading.Thread(target=poll)
+        polling.start()
+        task = {"input": {"prompt": "p", "loras": INK}}
+        ink = (http.post("/v1/tasks", json=task).json()["id"] if call == "one" else
+               http.post("/v1/tasks/batch", json={"tasks": [task]}).json()["tasks"][0]["id"])
+        polling.join(timeout=40)
+    s.close()
+    # Without the wake-up, the poll's last look at the end of its 30 s wait would be the first to take it.
+    ((task_id, waited_s),) = got
+    assert task_id == ink and waited_s < 15.0
