@@ -21,6 +21,13 @@ the load generator itself can drive on this machine, so a short row elsewhere is
 Clients do not submit a refused task again, unless --client-retries: then they honour a 429's
 Retry-After as `dit submit` does, while their 30 s last.
 
+--adapter-sets N: each task brings one of N sets of LoRA adapters (drawn by a Zipf law, s = 1.1);
+each simulated worker holds its --held most recently used sets and a task of another set costs
+--adapter-load-s before its work (fetch and load). Each row runs twice: `routed`, the workers saying
+the sets they hold in their exchanges as the dit-worker does, the scheduler's models.adapter_wait_s
+as configured; and `blind`, saying nothing with adapter_wait_s 0 (first come, first served). Figures
+add loads per 100 adapter tasks: routing under a fleet's load, the scheduler's CPU beside it.
+
 --together: the workers register while the clients already submit, against the fresh process each
 row starts (a fleet coming up, or coming back after a restart), instead of all before them.
 
@@ -88,6 +95,22 @@ class Record:
     heartbeats: list[int] = field(default_factory=lambda: [0, 0])  # refused, answered
     errors: list[str] = field(default_factory=list)
     worker_calls: int = 0  # the workers' calls but heartbeats: leases, reports, exchanges
+    adapter_tasks: int = 0  # tasks run that brought adapters
+    adapter_loads: int = 0  # of them, those whose set the worker did not hold
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """--adapter-sets: the sets tasks bring and how the simulated workers hold them."""
+
+    sets: int
+    held: int
+    load_s: float
+    say: bool  # routed: the workers say what they hold; blind: they do not
+
+    def loras(self, rng: random.Random) -> list[dict]:
+        k = rng.choices(range(self.sets), [1 / (i + 1) ** 1.1 for i in range(self.sets)])[0]
+        return [{"source": f"https://bench.invalid/set-{k}.safetensors"}]
 
 
 class Fleet:
@@ -95,9 +118,11 @@ class Fleet:
 
     def __init__(self, urls: list[str], gpus: int, shape: str, rate: float, seconds: float, work_s: float,
                  heartbeat_s: float, client_retries: bool = False, together: bool = False,
-                 protocol: str = "calls") -> None:
+                 protocol: str = "calls", adapters: Adapters | None = None) -> None:
         self.urls, self.shape, self.rate, self.seconds = urls, shape, rate, seconds
         self.protocol = protocol
+        self.adapters = adapters
+        self._draw = random.Random(7)  # each task's set of adapters, the same sequence for both routes
         self.client_retries = client_retries
         self.together = together
         self.width = 8 if shape == "node" else 1
@@ -183,7 +208,8 @@ class Fleet:
 
     async def _post(self, http: aiohttp.ClientSession, url: str, n: int, first: float) -> tuple[int, float | None]:
         try:
-            async with http.post(url + "/v1/tasks", json={"input": {"prompt": f"fleet {n}"}}) as r:
+            task = {"prompt": f"fleet {n}"} | ({"loras": self.adapters.loras(self._draw)} if self.adapters else {})
+            async with http.post(url + "/v1/tasks", json={"input": task}) as r:
                 if r.status == 201:
                     self.rec.sent_at[(await r.json())["id"]] = (first, time.perf_counter())
                 elif r.status == 429:
@@ -345,6 +371,11 @@ def figures(rec: Record, fleet: Fleet) -> dict:
            # What a task cost in workers' calls (heartbeats apart), the tasks in flight at the end counted too.
            "worker_calls_per_task": round(rec.worker_calls / completed, 2) if completed else None}
     out.update(retry_after_against_wait(rec))
+    if (plan := fleet.adapters) is not None:
+        out["adapters"] = {"sets": plan.sets, "held": plan.held, "load_s": plan.load_s,
+                           "route": "routed" if plan.say else "blind", "tasks": rec.adapter_tasks,
+                           "loads_per_100_tasks": round(100 * rec.adapter_loads / rec.adapter_tasks, 1)
+                           if rec.adapter_tasks else None}
     return out
 
 
@@ -534,7 +565,7 @@ def pin_row(procs: list[Proc]) -> dict:
 
 
 def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg: Postgres | None,
-            extra: list[str] = ()) -> dict:
+            extra: list[str] = (), adapters: Adapters | None = None) -> dict:
     procs = start_servers(store, work, pg, list(extra))
     everywhere = os.sched_getaffinity(0)
     try:
@@ -545,7 +576,7 @@ def run_row(store: str, shape: str, gpus: int, rate: float, args, work: Path, pg
         raise
     urls = [f"http://127.0.0.1:{p.port}" for p in procs]
     fleet = Fleet(urls, gpus, shape, rate, args.seconds, args.work_s, args.heartbeat_s, args.client_retries,
-                  args.together, args.protocol)
+                  args.together, args.protocol, adapters)
     probes = args.out.parent / f"livez-{store}-{shape}-{time.monotonic_ns()}.jsonl"  # kept beside the report
     prober = subprocess.Popen([sys.executable, "-m", "bench.fleet", "probe-livez", str(probes), *urls])
     try:
@@ -638,7 +669,17 @@ def print_row(row: dict, label: str = "") -> None:
              if "loop_lag_p99_le_s" in row else "")
           + f"  stop {row['stop_s']} s exit {row['exit_codes']}"
           + f"  CPU/task {f(row['server_cpu_ms_per_task'])} ms  calls/task {f(row.get('worker_calls_per_task'))}"
+          + (f"  adapters {a['route']} loads/100 tasks {f(a['loads_per_100_tasks'])}" if (a := row.get("adapters")) else "")
           + f"  cores {row['cores']}", flush=True)
+
+
+def routes(args, store: str) -> list[Adapters | None]:
+    """The rows each store and shape gets: one without adapters; with them, routed then blind (the
+    trivial server ignores adapters: routed only)."""
+    if not args.adapter_sets:
+        return [None]
+    plans = [Adapters(args.adapter_sets, args.held, args.adapter_load_s, say) for say in (True, False)]
+    return plans[:1] if store == "trivial" else plans
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -675,9 +716,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="exchange: one call per task in steady state, as the dit-worker makes them by default "
                         "(queue.exchange = true); calls: separate lease, processing and succeeded calls "
                         "(queue.exchange = false)")
+    p.add_argument("--adapter-sets", type=int, default=0,
+                   help="sets of LoRA adapters the tasks bring (Zipf); each row routed and blind (exchange only)")
+    p.add_argument("--held", type=int, default=3, help="sets of adapters a simulated worker keeps loaded")
+    p.add_argument("--adapter-load-s", type=float, default=1.0, help="fetch and load a set the worker lacks")
     p.add_argument("--repeat", type=int, default=1, help="each row this many times, a fresh process each")
     p.add_argument("--out", type=Path, default=Path("var/bench/fleet.json"))
     args = p.parse_args(argv)
+    if args.adapter_sets and args.protocol != "exchange":
+        p.error("--adapter-sets: the simulated workers say their adapters in exchanges; use --protocol exchange")
+    if args.adapter_sets < 0 or args.held < 1 or args.adapter_load_s < 0:
+        p.error("--adapter-sets >= 0, --held >= 1 and --adapter-load-s >= 0")
     extra = [a for kv in args.set for a in ("--set", kv)]
     rate = args.load * args.gpus / args.work_s
     stores = args.stores.split(",")
@@ -686,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": platform.processor() or platform.machine(), "cores": psutil.cpu_count(), "gpus": args.gpus,
               "protocol": args.protocol,
               "offered_per_s": round(rate, 1), "seconds": args.seconds, "work_s": args.work_s,
-              "heartbeat_s": args.heartbeat_s, "durable": True, "rows": []}
+              "heartbeat_s": args.heartbeat_s, "durable": True, "adapter_sets": args.adapter_sets, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         pg = Postgres(work, durable=True) if any(s.startswith("postgres") for s in stores) else None
@@ -694,10 +743,12 @@ def main(argv: list[str] | None = None) -> int:
             for store in stores:
                 for shape in args.shapes.split(","):
                     for _ in range(args.repeat):
-                        row = run_row(store, shape, args.gpus, rate, args, work, pg, extra)
-                        report["rows"].append(row)
-                        print_row(row)
-                        save(args.out, report)  # each row kept as it ends: a run cut short keeps what it measured
+                        for plan in routes(args, store):
+                            blind = ["--set", "models.adapter_wait_s=0"] if plan and not plan.say else []
+                            row = run_row(store, shape, args.gpus, rate, args, work, pg, extra + blind, plan)
+                            report["rows"].append(row)
+                            print_row(row)
+                            save(args.out, report)  # each row kept as it ends: a run cut short keeps what it measured
             if args.overload_gpus:
                 over = 2.0 * args.overload_gpus / args.work_s
                 row = run_row("sqlite", "gpu", args.overload_gpus, over, args, work, pg, extra)

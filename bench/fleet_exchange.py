@@ -3,7 +3,11 @@ the dit-worker does with `queue.exchange` (worker.serving.exchange): its GPUs ru
 ahead queue of two rounds; a task's `processing` note waits for the next call with its start time;
 a result goes at once, carrying the notes and, while a round is still ready, the request for more
 tasks (held up to HOLD_S for a result to carry it); with less than a round ready the worker asks at
-once, long-polling, and a result that finishes meanwhile goes in a call of its own."""
+once, long-polling, and a result that finishes meanwhile goes in a call of its own.
+
+With sets of LoRA adapters (the fleet's `adapters`), each worker holds the sets it ran last (LRU, as
+worker.serving.adapter_sets does), says them in its exchanges when the fleet routes, and a task of a
+set it does not hold costs `load_s` first (fetch and load)."""
 
 from __future__ import annotations
 
@@ -16,15 +20,25 @@ from typing import Protocol
 
 import aiohttp
 
+from protocol import adapter_set_key
+
 RESULT = {"uri": "file:///bench.jpg", "content_type": "image/jpeg", "width": 16, "height": 16, "seed": 1,
           "bytes": 1, "sha256": "0"}
 class Fleet(Protocol):
-    """What a worker needs of bench.fleet.Fleet: its record, its stop event, its shape and task time."""
+    """What a worker needs of bench.fleet.Fleet: its record, its stop event, its shape and task time,
+    and how it holds adapters."""
 
     rec: object
     stop: asyncio.Event
     width: int
     work_s: float
+    adapters: "AdapterPlan | None"
+
+
+class AdapterPlan(Protocol):
+    held: int  # sets a worker keeps loaded
+    load_s: float  # fetch and load a set it does not hold
+    say: bool  # exchanges say the sets held (routing); False: the scheduler is told nothing
 
 
 HOLD_S = 2.0  # queue.lease_hold_s's default
@@ -44,6 +58,7 @@ class ExchangeWorker:
         self.wake = asyncio.Event()  # a result is ready, or a GPU took the last ready round
         self.free = asyncio.Semaphore(0)  # ready tasks, for the GPUs
         self.side_calls: set[asyncio.Task] = set()
+        self.sets: list[str] = []  # the sets of adapters held, most recently used last
 
     async def run(self) -> None:
         gpus = [asyncio.create_task(self._gpu()) for _ in range(self.width)]
@@ -86,6 +101,8 @@ class ExchangeWorker:
         t = time.perf_counter()
         body = {"exchange_id": uuid.uuid4().hex, "reports": reports, "max_tasks": want, "wait_s": wait_s,
                 "held": [i for i in self.held if i not in final_ids]}
+        if (plan := self.fleet.adapters) is not None and plan.say and self.sets:
+            body["adapters"] = list(self.sets)
         answer = await self._post(http, body)
         now = time.perf_counter()
         rec = self.fleet.rec
@@ -118,12 +135,25 @@ class ExchangeWorker:
                 self.fleet.rec.errors.append(f"exchange try {attempt + 1}: {e!r}")
         return {"results": [], "leases": []}
 
+    async def _adapters_for(self, le: dict) -> None:
+        """The task's set of adapters loaded (load_s when not held, the least recently used going)."""
+        plan = self.fleet.adapters
+        if plan is None or not (key := adapter_set_key(le.get("input", {}).get("loras"))):
+            return
+        rec = self.fleet.rec
+        rec.adapter_tasks += 1
+        if key not in self.sets:
+            rec.adapter_loads += 1
+            await asyncio.sleep(plan.load_s)
+        self.sets = ([k for k in self.sets if k != key] + [key])[-plan.held:]
+
     async def _gpu(self) -> None:
         while True:
             await self.free.acquire()
             le = self.ready.popleft()
             if len(self.ready) < self.width:
                 self.wake.set()  # hungry now: the held request goes at once
+            await self._adapters_for(le)
             await asyncio.sleep(self.fleet.work_s * random.uniform(0.8, 1.2))
             if self.polling:  # the worker's long poll would hold it: a call of its own
                 call = asyncio.create_task(self._exchange(self.side, [le], 0, 0.0))

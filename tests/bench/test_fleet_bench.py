@@ -168,3 +168,34 @@ def test_a_client_without_retries_or_past_its_30_s_leaves_a_refused_task():
     assert rec.retried == [] and [(c[2], c[3]) for c in rec.submits] == [(429, 0.0)] and rec.sent_at == {}
     rec = asyncio.run(submit_once([(429, "31")], client_retries=True))  # the retry would come too late
     assert rec.retried == [] and [(c[2], c[3]) for c in rec.submits] == [(429, 31.0)] and rec.sent_at == {}
+
+
+def test_each_store_runs_routed_then_blind_with_adapters_and_the_trivial_server_routed_only():
+    class Args:
+        adapter_sets, held, adapter_load_s = 5, 2, 0.5
+    assert fleet_bench.routes(type("A", (), {"adapter_sets": 0}), "sqlite") == [None]
+    routed, blind = fleet_bench.routes(Args, "sqlite")
+    assert (routed.say, blind.say) == (True, False) and routed.sets == 5 and blind.held == 2
+    assert [p.say for p in fleet_bench.routes(Args, "trivial")] == [True]
+    draws = [routed.loras(__import__("random").Random(1))[0]["source"] for _ in range(3)]
+    assert all(s.startswith("https://bench.invalid/set-") for s in draws)
+
+
+@pytest.mark.integration
+def test_a_fleet_with_adapters_runs_routed_and_blind_and_counts_the_loads(tmp_path):
+    """--adapter-sets: the simulated workers say the sets they hold in their exchanges (the scheduler
+    validates them: a malformed key would be a 422 and an error here) and pay --adapter-load-s for a
+    set they lack; a routed row and a blind one, each counting its loads."""
+    out = tmp_path / "fleet.json"
+    assert fleet_bench.main(["--gpus", "8", "--seconds", "2", "--work-s", "0.2", "--stores", "sqlite",
+                             "--shapes", "gpu", "--overload-gpus", "0", "--adapter-sets", "3", "--held", "1",
+                             "--adapter-load-s", "0.05", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["adapter_sets"] == 3
+    rows = report["rows"]
+    assert [r["adapters"]["route"] for r in rows] == ["routed", "blind"]
+    for row in rows:
+        assert row["errors"] == [] and row["completed"] >= 0.9 and row["timed_out"] == 0
+        a = row["adapters"]
+        assert a["tasks"] >= row["completed_tasks"] > 0  # every task brought a set (tasks in flight counted too)
+        assert 0 < a["loads_per_100_tasks"] <= 100  # each worker's first task of a set loads it
