@@ -56,7 +56,11 @@ MAX_FALSE = 0.01  # the share of benign training prompts a threshold may refuse,
 # learned hate refused 5 in 110 at 0.5 and 2 at 0.6; beside a people named, the benign training
 # prompts allowed 0.65 once the layer read meaning, which refused a Muslim family at Eid (0.68) and
 # a Jewish family at Hanukkah (0.76) in heldout-2: chosen there, never on a set measured first.
-FLOOR = {"hate": 0.6, "hate_with_group": 0.8}
+# Sexual, violence and self-harm start at 0.3, so that MAX_FALSE alone sets them: at 0.5, sexual
+# refused fewer benign training prompts than MAX_FALSE allows (its threshold came out at 0.3, and
+# sexual recall rose 0.953 -> 0.968 on heldout-3 to heldout-13, minors on heldout-3 0.883 -> 0.906,
+# benign passed 0.960 -> 0.959); violence and self-harm came out where they were bound anyway.
+FLOOR = {"hate": 0.6, "hate_with_group": 0.8, "sexual": 0.3, "violence": 0.3, "self_harm": 0.3}
 # The meaning table. Chosen on heldout-3 to heldout-5 and the regression sets' benign prompts, never
 # on a set measured first: the ridge penalty of its fit; how much a prompt's meaning (a unit vector,
 # less the training prompts' mean) weighs beside its hashed features (about thirty, each 1/sqrt(n));
