@@ -51,6 +51,12 @@ C = 4.0  # inverse regularisation strength
 # one, style words ("aesthetic", "lofi") would otherwise lean to whichever category used them.
 BENIGN_WEIGHT = 2.0
 MAX_FALSE = 0.01  # the share of benign training prompts a threshold may refuse, out of fold
+# Self-harm may refuse 1.5%: at 1% its threshold was 0.7, at 1.5% 0.5, and self-harm recall rose
+# 0.915 -> 0.944 on heldout-3 to heldout-13 on average (paraphrase 0.886 -> 0.904) for benign
+# passed 0.959 -> 0.956 (a chicken-breast recipe, a blood donation poster). Violence at 1.5% as
+# well (0.5 -> 0.45) added 0.7 points of violence recall for as many again of benign passed, among
+# them a bloodhound on a trail and a street seller of cendol: not kept.
+MAX_FALSE_BY = {"self_harm": 0.015}
 # Where a category's threshold starts. Hate's false refusals out of fold are few, but on the
 # regression sets' benign prompts (heldout-1, heldout-2: a dog "dying of laughter", a pet rat) the
 # learned hate refused 5 in 110 at 0.5 and 2 at 0.6; beside a people named, the benign training
@@ -254,8 +260,9 @@ def fit_all(x, y, jobs: int | None = None):
 
 def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
                groups: np.ndarray) -> dict[str, float]:
-    """Per category, the lowest threshold (on a 0.05 grid from 0.5, or the category's FLOOR) at
-    which at most `max_false` of the benign training prompts reach it, judged out of fold;
+    """Per category, the lowest threshold (on a 0.05 grid from the category's FLOOR, else 0.5) at
+    which at most `max_false` (MAX_FALSE_BY's share for a category it names) of the benign training
+    prompts reach it, judged out of fold;
     `sexual_with_minor`, the lowest (from 0.2) that at most `max_false` of the benign prompts naming
     a minor (by the lists) reach in "sexual"; and `hate_with_group`, the lowest (from its FLOOR, or
     hate's threshold if higher) that at most `max_false` of the benign prompts naming a group reach
@@ -273,7 +280,7 @@ def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
         if c == 0:
             continue
         for t in np.arange(FLOOR.get(CLASSES[c], 0.5), 0.951, 0.05):
-            if (probs[benign, col] >= t).mean() <= max_false:
+            if (probs[benign, col] >= t).mean() <= MAX_FALSE_BY.get(CLASSES[c], max_false):
                 out[CLASSES[c]] = round(float(t), 2)
                 break
         else:
@@ -347,7 +354,7 @@ def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING, 
         "trained_on": {"digest": data_digest(folder), "teacher": teacher_digest(teacher), "prompts": len(rows),
                        "by_class": {c: int((y == i).sum()) for i, c in enumerate(CLASSES)},
                        "languages": sorted({r["lang"] for r in rows})},
-        "settings": {"C": C, "benign_weight": BENIGN_WEIGHT, "max_false": max_false, "floor": FLOOR,
+        "settings": {"C": C, "benign_weight": BENIGN_WEIGHT, "max_false": max_false, "max_false_by": MAX_FALSE_BY, "floor": FLOOR,
                      "solver": "lbfgs"},
     }
     (out_dir / CARD).write_text(json.dumps(card, indent=1, sort_keys=True) + "\n", encoding="utf-8")
