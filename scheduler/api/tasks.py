@@ -34,7 +34,8 @@ from scheduler.api.deps import (
     WatchDep,
 )
 from scheduler.api.services import Services
-from scheduler.store import Refused
+from scheduler.store import Refused, Store
+from scheduler.waiting import Waiters
 
 router = APIRouter(tags=["clients"], dependencies=[Depends(client_auth)])
 
@@ -58,9 +59,7 @@ async def submit_one(svc: Services, body: SubmitTask, request: Request, prefer: 
             raise
     svc.metrics.submissions.labels("created" if created else "replayed").inc()
     if created:
-        svc.waiters.notify(1)
-        if body.input.get("loras") and (hold_s := svc.store.adapter_wait_s) > 0:
-            svc.waiters.notify_later(hold_s, 1)  # the holder of its adapters had it first; now anyone
+        _wake(svc.waiters, svc.store, 1, int(bool(body.input.get("loras"))))
     headers: tuple[tuple[str, str], ...] = ()
     if (wait_s := _preferred_wait(prefer, svc.api.waits.max_s)) is not None:
         headers = (("Preference-Applied", f"wait={wait_s:g}"),)
@@ -82,11 +81,16 @@ async def submit_batch(body: SubmitBatch, request: Request, tasks: TasksDep, cal
     created = sum(c for _, c in out)
     metrics.submissions.labels("created").inc(created)
     metrics.submissions.labels("replayed").inc(len(out) - created)
-    waiters.notify(created)
-    if (hold_s := store.adapter_wait_s) > 0 and (held := sum(
-            c and bool(t.input.get("loras")) for t, (_, c) in zip(body.tasks, out))):
-        waiters.notify_later(hold_s, held)  # as submit_one does
+    _wake(waiters, store, created, sum(c and bool(t.input.get("loras")) for t, (_, c) in zip(body.tasks, out)))
     return SubmittedBatch(tasks=[t for t, _ in out], created=[c for _, c in out])
+
+
+def _wake(waiters: Waiters, store: Store, created: int, with_adapters: int) -> None:
+    """New tasks wake as many waiting leases; each of those with adapters wakes one more when its
+    adapters' holder has had it to itself for adapter_wait_s (store/claims.py) and anyone may take it."""
+    waiters.notify(created)
+    if with_adapters and store.adapter_wait_s > 0:
+        waiters.notify_later(store.adapter_wait_s, with_adapters)
 
 
 @router.get("/v1/queue", response_model=QueueFigures)
