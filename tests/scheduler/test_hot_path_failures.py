@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduler.api.hot import _read, _replay
+from scheduler.api.hot import _HotRequest, _read, _replay
 from scheduler.config import GateConfig, Secrets
 from tests.scheduler.hot_answers import both
 from bench.fleet import REG
@@ -120,3 +120,27 @@ def test_a_client_that_leaves_while_sending_its_body_is_handed_over_with_what_ca
 
     received, body = asyncio.run(scenario())
     assert (received, body) == (sent, None)
+
+
+def test_a_hot_calls_disconnect_check_takes_a_message_that_is_there_and_waits_for_none():
+    """As uvicorn's receive: it waits on an event until the client leaves, then says so."""
+
+    async def scenario():
+        arrived, left = asyncio.Event(), []
+
+        async def receive():
+            if not left:
+                await arrived.wait()
+            return {"type": "http.disconnect"}
+
+        request = _HotRequest({"type": "http", "headers": []}, receive)
+        still = await request.is_disconnected()
+        nothing_waits = not arrived._waiters  # the receive it stepped was closed where it waited
+        later = asyncio.create_task(receive())  # the client's own next receive still works
+        await asyncio.sleep(0)
+        left.append(1)
+        arrived.set()
+        return still, nothing_waits, await asyncio.wait_for(later, 5), await request.is_disconnected()
+
+    still, nothing_waits, later, gone = asyncio.run(scenario())
+    assert (still, nothing_waits, later["type"], gone) == (False, True, "http.disconnect", True)
