@@ -119,12 +119,18 @@ class TaskWatch:
 class Waiters:
     """Long-polling lease requests, in arrival order. Work that appears wakes at most as many of
     them as it can serve (no thundering herd); each also looks again every `poll_s`, in case a
-    wake-up from another scheduler process was missed."""
+    wake-up from another scheduler process was missed.
+
+    Each look enlists a future (True: a wake-up; False: its time is up). One that leaves unwoken is
+    cancelled where it stands, not searched for in the line (hundreds long under a fleet's load,
+    and most looks find work at once); wake-ups skip the cancelled, and the line is swept of them
+    once they outnumber the requests in it."""
 
     def __init__(self, poll_s: float) -> None:
         self._queue: deque[asyncio.Future] = deque()
         self._poll_s = poll_s
         self._stopping = False
+        self._enlisted = 0  # futures enlisted and not yet left
 
     async def poll(self, claim: Callable[[], Awaitable[list[T]]], wait_s: float,
                    gone: Callable[[], Awaitable[bool]] | None = None) -> list[T]:
@@ -141,7 +147,11 @@ class Waiters:
                 left = end - time.monotonic()
                 if got or left <= 0 or self._stopping:
                     return got
-                await asyncio.wait({woken}, timeout=min(left, self._poll_s))
+                timer = asyncio.get_running_loop().call_later(min(left, self._poll_s), _time_up, woken)
+                try:
+                    await woken
+                finally:
+                    timer.cancel()
                 if gone is not None and (left_us := await gone()):
                     return got
             finally:
@@ -150,16 +160,18 @@ class Waiters:
     def enlist(self) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self._queue.append(fut)
+        self._enlisted += 1
         return fut
 
     def leave(self, fut: asyncio.Future, served: bool) -> None:
         """Done waiting. A wake-up that came while this request found work anyway goes to the next."""
-        try:
-            self._queue.remove(fut)
-        except ValueError:
-            pass
-        if served and fut.done():
+        self._enlisted -= 1
+        if not fut.done():
+            fut.cancel()  # in the line still: skipped by wake-ups, swept out below
+        elif served and not fut.cancelled() and fut.result():
             self.notify(1)
+        if len(self._queue) > 2 * self._enlisted + 64:  # ended futures (cancelled, timed out) in the line
+            self._queue = deque(f for f in self._queue if not f.done())
 
     def stop(self) -> None:
         """The process is stopping: every waiting request looks once more and returns, and later ones
@@ -177,5 +189,10 @@ class Waiters:
         while n > 0 and self._queue:
             fut = self._queue.popleft()
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(True)
                 n -= 1
+
+
+def _time_up(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(False)

@@ -63,3 +63,37 @@ def test_a_stop_answers_every_long_poll_after_one_more_look_and_later_ones_do_no
         assert await asyncio.wait_for(watch.wait("t2", 60.0), 1.0) is False
 
     asyncio.run(scenario())
+
+
+def test_looks_that_leave_unwoken_are_skipped_by_wake_ups_and_swept_from_the_line():
+    async def scenario():
+        waiters = Waiters(poll_s=5.0)
+        waiting = waiters.enlist()
+        for _ in range(10_000):  # claims that found work at once: each look enlisted, then left
+            waiters.leave(waiters.enlist(), served=True)
+        assert len(waiters._queue) <= 2 + 64
+        last = waiters.enlist()
+        waiters.notify(2)  # the two still waiting wake, whatever left between them
+        assert waiting.result() is True and last.result() is True
+
+    asyncio.run(scenario())
+
+
+def test_a_look_whose_time_is_up_passes_no_wake_up_on():
+    async def scenario():
+        waiters = Waiters(poll_s=0.01)
+        looks = []
+        second = None
+
+        async def claim():
+            nonlocal second
+            looks.append(1)
+            if len(looks) == 2:  # the look after the time was up finds work
+                second = waiters.enlist()
+                return ["task"]
+            return []
+
+        assert await waiters.poll(claim, wait_s=5.0) == ["task"]
+        assert not second.done()  # nobody was woken, so nothing is passed on
+
+    asyncio.run(scenario())
