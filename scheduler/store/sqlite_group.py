@@ -62,7 +62,7 @@ class LoopGroup:
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn` on the event loop; once it wrote, after the COMMIT that makes it durable."""
         while (prior := self._committing) is not None:  # not raised here: the prior group's failure is its own
-            await asyncio.wait({prior})
+            await _settled(prior)
         self._joined = None
         result = fn(*args)
         group, self._joined = self._joined, None
@@ -120,3 +120,11 @@ class LoopGroup:
         else:
             group.set_result(None)
             self.commits += 1
+
+
+async def _settled(fut: asyncio.Future) -> None:
+    """Once `fut` is done, however it ended, as asyncio.wait({fut}) waits but for less (no sets, no
+    callbacks to remove); the caller's cancel does not reach `fut`."""
+    waiter = fut.get_loop().create_future()
+    fut.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
+    await waiter
