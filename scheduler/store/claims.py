@@ -59,7 +59,7 @@ class SQLClaims:
 
     async def acancelled_among(self, worker_id: str, task_ids: list[str]) -> list[str]:
         """cancelled_among from the event loop (PostgreSQL: on it, not on a thread)."""
-        return await self._store._arun(self._cancelled_among(worker_id, task_ids))
+        return await self._store._aread(self._cancelled_among(worker_id, task_ids))
 
     def _cancelled_among(self, worker_id: str, task_ids: list[str]) -> Plan:
         in_ids, ids = self._store._ids(task_ids)

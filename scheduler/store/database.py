@@ -70,6 +70,11 @@ class PlanRunner:
     async def _arun(self, plan: Plan) -> Any:
         return await self.acall(self._run, plan)
 
+    async def _aread(self, plan: Plan) -> Any:
+        """A plan that only reads: _arun, where the backend may run it at once (SQLite: on the
+        loop, without waiting for the COMMIT in flight; it reads the last commit)."""
+        return await self._arun(plan)
+
     async def _aintake(self, plan: Plan) -> Any:
         """A plan that lets new work in (a submit): _arun, where the backend may hold it back so
         that the calls that empty the queue (claims, reports) are not starved under a flood."""

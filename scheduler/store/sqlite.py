@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.store import migrate
-from scheduler.store.plans import Read, Step
+from scheduler.store.plans import Plan, Read, Step
 from scheduler.store.sql import SQLStore
 from scheduler.store.sqlite_group import LoopGroup
 
@@ -94,6 +94,12 @@ class SQLiteStore(SQLStore):
         if not self._group.on_loop():
             return fn(*args)
         return await self._group.call(fn, *args)
+
+    async def _aread(self, plan: Plan) -> Any:
+        """At once, on the calling thread: a read waits for no writer, and on the loop it need not
+        wait for the last group's COMMIT either (acall does: a call that writes opens the next
+        group). What that group wrote, nobody has been answered yet; the next read sees it."""
+        return self._run(plan)
 
     async def aopen(self) -> None:
         """From here on, the calls this loop makes share transactions (group commit)."""

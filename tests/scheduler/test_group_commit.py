@@ -116,3 +116,34 @@ def test_the_loop_runs_on_while_a_commit_is_in_flight_and_later_calls_form_the_n
     on_loop(store, scenario)
     store._db = store._group._db = real
     store.close()
+
+
+def test_a_read_alone_waits_for_no_commit_in_flight_and_sees_the_last_one(tmp_path):
+    """A worker's cancel notices (a read) are answered while the last group's COMMIT is still on the
+    committer thread, from what is on disk: a cancel in that group is told at its next exchange."""
+    path = tmp_path / "s.db"
+    store = SQLiteStore(path)
+    wid, _ = store.workers.register(RegisterWorker(hostname="h", world_size=1, devices=[], model="m", version="v"))
+    store.tasks.submit(SubmitTask(input={"prompt": "held"}))
+    task_id = store.claims.claim(wid, 1)[0].task_id
+    real = store._db
+    started, go = threading.Event(), threading.Event()
+    store._db = store._group._db = OnCommit(real, lambda: (started.set(), go.wait(10)))
+
+    async def scenario():
+        cancel = asyncio.create_task(store.acall(store.reports.cancel, task_id))
+        assert await asyncio.to_thread(started.wait, 10)  # the cancel's COMMIT is held
+        before = await asyncio.wait_for(store.claims.acancelled_among(wid, [task_id]), 5)
+        go.set()
+        await cancel
+        return before, await store.claims.acancelled_among(wid, [task_id])
+
+    out = []
+    on_loop(store, lambda: _into(out, scenario()))
+    store._db = store._group._db = real
+    store.close()
+    assert out == [([], [task_id])]
+
+
+async def _into(out: list, coro) -> None:
+    out.append(await coro)
