@@ -58,7 +58,10 @@ class SQLClaims:
         return self._store._run(self._cancelled_among(worker_id, task_ids))
 
     async def acancelled_among(self, worker_id: str, task_ids: list[str]) -> list[str]:
-        """cancelled_among from the event loop (PostgreSQL: on it, not on a thread)."""
+        """cancelled_among from the event loop (PostgreSQL: on it, not on a thread); nothing read
+        where the store knows none of them can be marked (SQLite: its one process marks them all)."""
+        if not self._store._may_be_cancelled(task_ids):
+            return []
         return await self._store._aread(self._cancelled_among(worker_id, task_ids))
 
     def _cancelled_among(self, worker_id: str, task_ids: list[str]) -> Plan:

@@ -149,6 +149,15 @@ class Database(PlanRunner):
     def _each(self, db: Any, sql: str, args: list[tuple]) -> list:
         return [row for one in args for row in db.execute(sql, one).fetchall()]
 
+    def _cancel_marked(self, db: Any, task_id: str) -> None:
+        """A client asked to cancel `task_id` while a worker holds it: its cancel_requested_at set in
+        `db`'s transaction, under way."""
+
+    def _may_be_cancelled(self, task_ids: list[str]) -> bool:
+        """False only when none of `task_ids` can carry a cancel request: its read can be skipped.
+        Here always True (other processes may mark them)."""
+        return True
+
     def _notify(self, db: Any, n: int) -> None:
         """Tells other scheduler processes that n tasks may be waiting (at commit)."""
 

@@ -60,6 +60,7 @@ class SQLReports:
             if row["status"] in HELD:  # its worker learns it; its next report or lease expiry ends it
                 row = db.execute("UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, ?),"
                                  " updated_at = ? WHERE id = ? RETURNING *", (now, now, task_id)).fetchone()
+                self._store._cancel_marked(db, task_id)
             else:  # not leased: it ends now and is never leased
                 row = one(db, end_cancelled(task_id, "while queued", now))
         return self._store.view(row)

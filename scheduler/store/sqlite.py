@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.store import migrate
+from scheduler.store.lifecycle import HELD, status_in
 from scheduler.store.plans import Plan, Read, Step
 from scheduler.store.sql import SQLStore
 from scheduler.store.sqlite_group import LoopGroup
@@ -57,6 +58,9 @@ class SQLiteStore(SQLStore):
             migrate.apply(db, "sqlite")
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
+        # Held tasks a client asked to cancel, as this process marked them (one process per file) or
+        # found them at open: an exchange's cancel notices read the database only for these.
+        self._cancels: set[str] = {r["id"] for r in self._db.execute(CANCELS_HELD).fetchall()}
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
@@ -95,6 +99,15 @@ class SQLiteStore(SQLStore):
             return fn(*args)
         return await self._group.call(fn, *args)
 
+    def _cancel_marked(self, db: sqlite3.Connection, task_id: str) -> None:
+        self._cancels.add(task_id)
+        if len(self._cancels) > CANCELS_KEPT:
+            # Most have ended by now: those still held are kept, read in the marking transaction.
+            self._cancels = {r["id"] for r in db.execute(CANCELS_HELD).fetchall()}
+
+    def _may_be_cancelled(self, task_ids: list[str]) -> bool:
+        return not self._cancels.isdisjoint(task_ids)
+
     async def _aread(self, plan: Plan) -> Any:
         """At once, on the calling thread: a read waits for no writer, and on the loop it need not
         wait for the last group's COMMIT either (acall does: a call that writes opens the next
@@ -126,6 +139,10 @@ class SQLiteStore(SQLStore):
         with self._write, self._readers_lock:
             for db in [*self._readers, self._db]:
                 db.close()
+
+
+CANCELS_HELD = f"SELECT id FROM tasks WHERE cancel_requested_at IS NOT NULL AND {status_in(HELD)}"
+CANCELS_KEPT = 4096
 
 
 # The schema before the migrations was written here, applied at open (CREATE ... IF NOT EXISTS),
