@@ -23,6 +23,7 @@ from protocol import (
     WorkerLimits,
     WorkerModels,
     WorkerView,
+    stored,
 )
 
 
@@ -198,7 +199,7 @@ class Store(Protocol):
 
 
 def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskView:
-    return TaskView(
+    return stored(TaskView, dict(
         id=row["id"], status=row["status"], input=json.loads(row["input"]), model=row["model"], priority=row["priority"],
         attempts=row["attempts"], max_attempts=row["max_attempts"],
         idempotency_key=row["idempotency_key"], worker_id=row["worker_id"],
@@ -210,7 +211,7 @@ def task_view(row: Mapping[str, Any], retention_s: float | None = None) -> TaskV
         expires_at=row["finished_at"] + retention_s if row["finished_at"] is not None and retention_s else None,
         webhook=json.loads(row["webhook"]) if row["webhook"] else None,
         webhook_attempts=json.loads(row["webhook_attempts"] or "[]"),
-    )
+    ))
 
 
 def worker_view(row: Mapping[str, Any], now: float, models: WorkerModels | None = None,

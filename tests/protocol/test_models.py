@@ -123,3 +123,17 @@ def test_parse_body_still_refuses_a_lone_surrogate_in_a_nested_model():
             b' "status": "failed", "error": {"code": "internal", "message": "bad \\udc00", "retryable": false}}]}')
     with pytest.raises(ValidationError, match="lone surrogate"):
         parse_body(Exchange, body)
+
+
+def test_a_model_read_back_from_the_store_is_validated_as_any_other_but_its_text_not_walked_again():
+    from protocol import TaskView, stored
+
+    row = {"id": "t1", "status": "queued", "input": {"prompt": "a lighthouse"}, "priority": 0, "attempts": 0,
+           "max_attempts": 3, "created_at": 1.0, "updated_at": 1.0, "idempotency_key": None, "worker_id": None,
+           "result": None, "error": None, "started_at": None, "finished_at": None}
+    assert stored(TaskView, row) == TaskView(**row)
+    with pytest.raises(ValidationError):
+        stored(TaskView, {**row, "attempts": "many"})
+    with pytest.raises(ValidationError):  # what comes in is walked: a lone surrogate is refused there
+        TaskView(**{**row, "input": {"prompt": "\ud800"}})
+    assert stored(TaskView, {**row, "input": {"prompt": "\ud800"}}).input == {"prompt": "\ud800"}
