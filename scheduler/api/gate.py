@@ -42,12 +42,13 @@ class QueueLoad:
 
     async def read(self) -> tuple[Counter[int], float]:
         """(queued tasks per priority, tasks drained per second)."""
-        async with self._lock:
-            if time.monotonic() - self._at >= self._max_age_s:
-                # Cleared before the read: a task admitted meanwhile may count twice, never zero times.
-                self._since, self._taken = Counter(), 0
-                self._depth, self._rate_read = await run_in_threadpool(self._load)  # scans: off the event loop
-                self._at = time.monotonic()
+        if time.monotonic() - self._at >= self._max_age_s:  # stale: read (fresh, most submits take no lock)
+            async with self._lock:
+                if time.monotonic() - self._at >= self._max_age_s:  # not read meanwhile by another
+                    # Cleared before the read: a task admitted meanwhile may count twice, never zero times.
+                    self._since, self._taken = Counter(), 0
+                    self._depth, self._rate_read = await run_in_threadpool(self._load)  # scans: off the event loop
+                    self._at = time.monotonic()
         return _less_from_the_top(Counter(self._depth) + self._since, self._taken), self._rate_read
 
     def admitted(self, tasks: list[SubmitTask]) -> None:
