@@ -102,6 +102,16 @@ def test_a_minor_told_by_a_school_grade_a_not_yet_age_or_a_uniform_with_one_sexu
         assert category(policy, prompt) is None, prompt
 
 
+def test_a_horror_poster_that_says_no_blood_and_a_nude_colour_pass_in_other_languages(policy):
+    for prompt in ["poster film horor, lorong gelap, tanpa darah, hanya bayangan",
+                   "공포 영화 포스터, 낡은 문, 피 없이 으스스하게", "son màu nude trên nền hồng, ảnh sản phẩm",
+                   "Cartel de terror, sin sangre ni gore, solo una puerta", "恐怖片海报，没有血腥，只有一扇门",
+                   "Horrorplakat ohne Blut, nur eine knarrende Tür", "sukienka w kolorze nude na wybiegu"]:
+        assert category(policy, prompt) is None, prompt
+    for prompt in ["un homme poignardé, du sang partout", "mężczyzna z poderżniętym gardłem, krew na podłodze"]:
+        assert category(policy, prompt) == "violence", prompt
+
+
 def test_benign_uses_of_the_same_words_pass(policy):
     for prompt in ["grilled chicken breast with lemon", "breast cancer awareness poster", "a blood orange sorbet",
                    "a killer whale jumping", "stars seen with the naked eye", "nude lipstick on a marble table",
