@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from protocol import RegisterWorker, SubmitTask
+from protocol import RegisterWorker, Report, SubmitTask
 from scheduler.store import SQLiteStore
 from scheduler.store import sqlite as sqlite_store
 
@@ -61,9 +61,7 @@ def test_the_marks_kept_are_those_still_held_once_there_are_many(tmp_path, monke
     store.close()
 
 
-def _released(store: SQLiteStore, wid: str, task_id: str):
-    from protocol import Report
-
+def _released(store: SQLiteStore, wid: str, task_id: str) -> Report:
     token = store._db.execute("SELECT lease_token FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
     return Report(worker_id=wid, lease_token=token, status="failed",
                   error={"code": "cancelled", "message": "dropped", "retryable": False})
