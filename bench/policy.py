@@ -4,8 +4,9 @@
 For each setup (the policy: its lists and learned layer, which is the embedded default's whole text
 check; the lists without the learned layer; the policy followed by each model backend that runs
 offline, and for comparison each backend alone) it prints recall per unsafe category, per language
-and on disguised prompts, the share of benign prompts passed, and the time per prompt (median and
-p95 over every prompt of the set, each timed alone, on one thread); with `--by-language`, recall for
+and on disguised prompts, the share of benign prompts passed, and the time per prompt (median, p95
+and p99 over every prompt of the set, each timed alone, on one thread; the policy's encoder on one
+thread too) with the share of prompts the encoder read; with `--by-language`, recall for
 each language and category and by form (paraphrase, obfuscated, ...). Writes JSON to `--out`.
 
 A set is JSON lines: {"cat": sexual | sexual_minors | violence | hate | self_harm | benign,
@@ -66,6 +67,8 @@ class Figures:
     unsafe: int = 0
     p50_ms: float = 0.0
     p95_ms: float = 0.0
+    p99_ms: float = 0.0
+    encoder_asked: float | None = None  # the share of prompts the policy's encoder read (None: no encoder)
     misses: list[dict] = field(default_factory=list)  # unsafe passed and benign refused
 
 
@@ -92,6 +95,8 @@ def evaluate(setup: str, refuses: Callable[[str], bool], rows: list[Row]) -> Fig
     by_form: dict[str, list[bool]] = defaultdict(list)
     benign_lang: dict[str, list[bool]] = defaultdict(list)
     disguised, passed, ms, misses = [], [], [], []
+    asked = getattr(refuses, "encoder_asked", None)  # a counter of prompts the encoder read, where there is one
+    asked_before = asked() if asked else 0
     for row in rows:
         t0 = time.perf_counter()
         refused = refuses(row.prompt)
@@ -120,7 +125,9 @@ def evaluate(setup: str, refuses: Callable[[str], bool], rows: list[Row]) -> Fig
         recall_disguised=_share(disguised) if disguised else None,
         benign_passed=_share(passed) if passed else 1.0, false_refusals=passed.count(False),
         benign=len(passed), unsafe=sum(len(v) for v in hit.values()),
-        p50_ms=round(statistics.median(ms), 4), p95_ms=round(ms[int(0.95 * (len(ms) - 1))], 4), misses=misses)
+        p50_ms=round(statistics.median(ms), 4), p95_ms=round(ms[int(0.95 * (len(ms) - 1))], 4),
+        p99_ms=round(ms[int(0.99 * (len(ms) - 1))], 4),
+        encoder_asked=round((asked() - asked_before) / len(rows), 4) if asked else None, misses=misses)
 
 
 def _share(flags: list[bool]) -> float:
@@ -133,7 +140,7 @@ def setups(detoxify_checkpoint: str | None) -> list[tuple[str, Callable[[str], b
     from safety.policy.prompt_policy import PromptPolicy
     from safety.text import DetoxifyCheck, ProfanityCheck
 
-    policy = PromptPolicy.load(PolicyConfig())
+    policy = PromptPolicy.load(PolicyConfig(encoder_threads=1))  # one core, as the figures say
     backends = [("alt-profanity-check", ProfanityCheck(ProfanityConfig()))]
     if detoxify_checkpoint:
         folder = Path(detoxify_checkpoint)
@@ -147,7 +154,14 @@ def setups(detoxify_checkpoint: str | None) -> list[tuple[str, Callable[[str], b
         return lambda p: policy.judge(p).refused or check.check([p])[0].refused
 
     lists_only = PromptPolicy.load(PolicyConfig(learned=False))
-    out = [(f"policy {policy.version}", lambda p: policy.judge(p).refused),
+    no_encoder = PromptPolicy.load(PolicyConfig(encoder=False))
+
+    def judged(p: str) -> bool:
+        return policy.judge(p).refused
+
+    judged.encoder_asked = lambda: policy.encoder_asked
+    out = [(f"policy {policy.version}", judged),
+           ("policy, encoder off (encoder=false)", lambda p: no_encoder.judge(p).refused),
            ("lists alone (learned=false)", lambda p: lists_only.judge(p).refused)]
     out += [(f"policy + {name}", after_policy(check)) for name, check in backends]
     out += [(f"{name} alone", alone(check)) for name, check in backends]
@@ -165,12 +179,14 @@ def print_table(name: str, rows: list[Row], figures: list[Figures]) -> None:
     for r in rows:
         counts[r.cat] += 1
     print(f"\n{name}: {len(rows)} prompts ({', '.join(f'{c} {counts[c]}' for c in UNSAFE + ('benign',))})")
-    cols = list(UNSAFE) + ["disguised", "en", "fr", "es", "de", "benign ok", "p50 ms", "p95 ms"]
+    cols = list(UNSAFE) + ["disguised", "en", "fr", "es", "de", "benign ok", "p50 ms", "p95 ms", "p99 ms", "encoder"]
     print(f"{'setup':34}" + "".join(f"{c[:13]:>14}" for c in cols))
     for f in figures:
         vals = [f.recall.get(c) for c in UNSAFE] + [f.recall_disguised] + \
                [f.recall_by_lang.get(lang) for lang in ("en", "fr", "es", "de")] + [f.benign_passed]
-        cells = ["-" if v is None else f"{v:.3f}" for v in vals] + [f"{f.p50_ms:.3f}", f"{f.p95_ms:.3f}"]
+        cells = ["-" if v is None else f"{v:.3f}" for v in vals] + [f"{f.p50_ms:.3f}", f"{f.p95_ms:.3f}",
+                                                                    f"{f.p99_ms:.3f}",
+                                                                    "-" if f.encoder_asked is None else f"{f.encoder_asked:.3f}"]
         print(f"{f.setup[:33]:34}" + "".join(f"{c:>14}" for c in cells))
 
 

@@ -2,8 +2,10 @@
 
 The models have the real architectures with random weights (detoxify's BERT-base, a ViT-base/16
 NSFW classifier) or ship in their wheels (NudeNet, alt-profanity-check); speed does not depend on
-the weights' values. Each figure is the median (and p95) over `--repeats` calls after warm-up calls,
-run one after another in one process on the same inputs. Writes JSON to `--out`.
+the weights' values. Each figure is the median (and p95, p99) over `--repeats` calls after warm-up
+calls, run one after another in one process on the same inputs; the embedded default's whole prompt
+check instead over the ordinary prompts of the held-out sets (benign, tagged plain), each once, with
+the share the policy's encoder read. Writes JSON to `--out`.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def timed(fn, repeats: int, warmup: int = 3) -> dict:
         ms.append((time.perf_counter() - t0) * 1e3)
     ms.sort()
     return {"median_ms": round(statistics.median(ms), 2), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 2),
-            "repeats": repeats}
+            "p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 2), "repeats": repeats}
 
 
 def image(width: int, height: int) -> np.ndarray:
@@ -117,10 +119,19 @@ def run(device: str, repeats: int, sizes: list[tuple[int, int]], work: Path) -> 
     from safety.policy.prompt_policy import PromptPolicy
 
     embedded = SafetyConfig(text=TextCheckConfig(backend="auto"))
-    guard = Guard(embedded, None, None, PromptPolicy.load(embedded.text.policy))
-    prompts = iter(BURST * (repeats + 10))
-    rows.append({"check": "text: the embedded default's whole prompt check (policy: lists + learned layer)",
-                 "per": "prompt", **timed(lambda: guard.screen_prompt(next(prompts)), repeats)})
+    policy = PromptPolicy.load(embedded.text.policy)
+    guard = Guard(embedded, None, None, policy)
+    # Ordinary prompts: the benign ones tagged plain in the held-out sets (written apart from the
+    # policy), each once; the encoder reads the few the learned layer is unsure of.
+    from bench.policy import DEFAULT_SETS, load_set
+
+    ordinary = [r.prompt for path in DEFAULT_SETS if path.is_dir() for r in load_set(path)
+                if r.cat == "benign" and "plain" in r.tags]
+    asked = policy.encoder_asked
+    each = iter(ordinary)
+    rows.append({"check": f"text: the embedded default's whole prompt check, {len(ordinary)} ordinary prompts",
+                 "per": "prompt", **timed(lambda: guard.screen_prompt(next(each)), len(ordinary) - 3)})
+    rows[-1]["encoder_read"] = round((policy.encoder_asked - asked) / len(ordinary), 4)
     # What the guard's timeout thread adds to a call, side by side with the bare call.
     guard = Guard(SafetyConfig(), profanity, None)
     bare, bounded = timed(lambda: profanity.check([PROMPT]), repeats), timed(lambda: guard.screen_prompt(PROMPT), repeats)
@@ -148,10 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
-    print(f"{'check':40} {'size':>10} {'per':>11} {'median ms':>10} {'p95 ms':>8}")
+    print(f"{'check':40} {'size':>10} {'per':>11} {'median ms':>10} {'p95 ms':>8} {'p99 ms':>8}")
     for r in report["rows"]:
         p95 = "" if r["p95_ms"] is None else f"{r['p95_ms']:.2f}"
-        print(f"{r['check']:40} {r.get('size', ''):>10} {r['per']:>11} {r['median_ms']:>10.2f} {p95:>8}")
+        p99 = "" if r.get("p99_ms") is None else f"{r['p99_ms']:.2f}"
+        read = f"  (the encoder read {r['encoder_read']:.1%})" if "encoder_read" in r else ""
+        print(f"{r['check']:40} {r.get('size', ''):>10} {r['per']:>11} {r['median_ms']:>10.2f} {p95:>8} {p99:>8}{read}")
     print(f"device {args.device}, {report['torch_threads']} torch threads; written to {out}")
     return 0
 

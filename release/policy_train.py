@@ -332,13 +332,19 @@ def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING, 
     found = [lists_only.find(r["prompt"]).kinds for r in rows]
     minors = np.array([bool(f.get("sexual_minors", {}).get("minors")) for f in found])
     groups = np.array([bool(f.get("hate", {}).get("groups")) for f in found])
+    # The encoder's head: the same prompts as the teacher itself reads them, the same fit and the
+    # same rule for its thresholds.
+    head, head_folds = fit_all(targets.astype(np.float32), y)
+    head_thresholds = thresholds(targets.astype(np.float32), y, head_folds, max_false, minors, groups)
     hashed = 1 << features.bits
     w = model.coef_.T  # features x classes: the hashed ones, then the meaning's
     seen = np.unique(x.indices[x.indices < hashed])
     save_file({"index": seen.astype(np.int32), "weight": w[seen].astype(np.float16),
                "bias": model.intercept_.astype(np.float32), **quantised_table(table),
                "table_center": center.astype(np.float32),
-               "table_weight": w[hashed:].astype(np.float32)}, str(out_dir / WEIGHTS))
+               "table_weight": w[hashed:].astype(np.float32),
+               "encoder_weight": head.coef_.T.astype(np.float32),
+               "encoder_bias": head.intercept_.astype(np.float32)}, str(out_dir / WEIGHTS))
     (out_dir / TOKENIZER).write_bytes((teacher / TEACHER_TOKENIZER).read_bytes())
     card = {
         # The layer changes with its prompts and with their embeddings: its version names both.
@@ -350,6 +356,8 @@ def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING, 
         "table": {"scale": TABLE_SCALE, "full_words": TABLE_FULL_WORDS, "held_back": len(held_back), "centred": TABLE_CENTER, "ridge": TABLE_RIDGE, "pieces": int(table.shape[0]),
                   "dims": int(table.shape[1]), "out_of_fold_cosine": round(fit_cosine, 4),
                   "teacher": json.loads((teacher / "card.json").read_text(encoding="utf-8"))["teacher"]},
+        "encoder": {"classes": [CLASSES[i] for i in head.classes_], "thresholds": head_thresholds,
+                    "model": json.loads((teacher / "card.json").read_text(encoding="utf-8"))["teacher"]},
         "built_by": code_digest(),
         "trained_on": {"digest": data_digest(folder), "teacher": teacher_digest(teacher), "prompts": len(rows),
                        "by_class": {c: int((y == i).sum()) for i, c in enumerate(CLASSES)},
@@ -369,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--training", default=str(TRAINING), help="the folder of labelled prompts (*.jsonl)")
     args = p.parse_args(argv)
     card = build(Path(args.out), args.max_false, Path(args.training))
-    print(json.dumps({k: card[k] for k in ("thresholds", "trained_on")}, indent=1))
+    print(json.dumps({k: card[k] for k in ("thresholds", "encoder", "trained_on")}, indent=1))
     return 0
 
 

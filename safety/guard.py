@@ -120,7 +120,8 @@ class Guard:
             return e
 
     def _screen_policy(self, prompt: str) -> Verdict | None:
-        """Inline: dictionary lookups, well under a millisecond. An error fails closed."""
+        """Inline: dictionary lookups and the learned layer, about a millisecond; 20-70 ms more for a
+        prompt the encoder reads (about one in twenty of the labelled sets). An error fails closed."""
         if self.policy is None:
             return None
         try:

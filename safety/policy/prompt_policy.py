@@ -2,8 +2,10 @@
 
 Matching is greedy longest-first over the prompt's words, so a longer entry wins over the words it
 contains: "chicken breast" (exempt) hides "breast", "bloody corpse" counts once, not three times.
-Each distinct entry found counts once. Everything is dictionary lookups on a few dozen words: 0.2
-to 0.5 ms a prompt on one slow core, normalisation included, so it runs inline on the intake thread.
+Each distinct entry found counts once. The lists are dictionary lookups on a few dozen words: 0.2
+to 0.5 ms a prompt on one slow core, normalisation included; the learned layer adds about 0.2 ms,
+and the encoder, asked only where the layer is unsure and nothing else refused, 20-70 ms. It runs
+inline on the intake thread.
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ class PromptPolicy:
             self._lemma_indices[code] = (_Index([e for e in lemmas if e.category == "exempt"]),
                                          _Index([e for e in lemmas if e.category != "exempt"]))
         self._languages = languages.identifier(tuple(lexicon.languages)) if lexicon.forms else None
-        self._learned = (LearnedLayer.load(lists.shipped_dir(), lexicon.digest, cfg.learned_threshold)
+        self._learned = (LearnedLayer.load(lists.shipped_dir(), lexicon.digest, cfg.learned_threshold,
+                                           encoder=cfg.encoder, band=cfg.encoder_band, threads=cfg.encoder_threads)
                          if cfg.learned else None)
         self._thresholds = _thresholds(lexicon, cfg)
         self._ages = regex.compile("|".join(f"(?:{p.pattern})" for p in lexicon.ages) or r"(?!)")
@@ -132,14 +135,24 @@ class PromptPolicy:
     def describe(self) -> str:
         on = [c for c in self.lexicon.categories if c in self._thresholds]
         learned = f", learned layer {self._learned.version}" if self._learned else ", learned layer OFF"
+        if self._learned and self._learned.encoder:
+            learned += f" + encoder from {self._learned.band:g}"
         return f"policy {self.version} ({'/'.join(self.lexicon.languages)}: {', '.join(on)}{learned})"
+
+    @property
+    def encoder_asked(self) -> int:
+        """Prompts the encoder has read since start (0 without one)."""
+        return self._learned.encoder.asked if self._learned is not None and self._learned.encoder else 0
 
     def check(self, prompts: list[str]) -> list[Verdict]:
         return [self.judge(p) for p in prompts]
 
     def judge(self, prompt: str) -> Verdict:
-        scores = self.scores(self.find(prompt))
+        kinds, unsure = self._read(prompt)
+        scores = self.scores(_found(kinds))
         over = {c: s for c, s in scores.items() if c in self._thresholds and s >= self._thresholds[c]}
+        if not over and unsure is not None:
+            over = self._second_opinion(unsure, kinds)
         if not over:
             return Verdict(False, self.name, scores, policy=self.version)
         worst = next(c for c in self.lexicon.categories if c in over)  # the manifest's order
@@ -147,6 +160,12 @@ class PromptPolicy:
                        label=self.lexicon.categories[worst].label)
 
     def find(self, prompt: str) -> Found:
+        """What the lists and the learned layer find (the encoder is never asked here)."""
+        return _found(self._read(prompt)[0])
+
+    def _read(self, prompt: str) -> tuple[dict[str, dict[str, set[tuple]]], str | None]:
+        """The terms found, by category and kind; and the text to ask the encoder about where the
+        learned layer was unsure (None where it was sure, or there is no encoder)."""
         text = to_ascii(native(prompt), prepared=True)
         ws = split(text, self.lexicon.leet)
         langs = self._languages.of(prompt) if self._languages else []
@@ -166,14 +185,17 @@ class PromptPolicy:
             self._scan(Words(lemmas, ws.disguised, ws.elongated), *self._lemma_indices[code], kinds, keys)
         if self._minor_age(text):
             kinds["sexual_minors"]["minors"].add(("<age>",))
+        unsure = None
         if self._learned is not None:
             visible = [w for i, w in enumerate(ws.words) if i not in hidden]
             # The meaning is read from the prompt as written, or, where an exempt phrase hid words,
             # from the words left as the lists read them: "head cut off by the frame" is framing.
-            self._learn(visible, " ".join(visible) if hidden else prompt, kinds)
-        return Found({c: {k: len(v) for k, v in ks.items()} for c, ks in kinds.items()})
+            meant = " ".join(visible) if hidden else prompt
+            if self._learn(visible, meant, kinds) >= self._learned.band and self._learned.encoder is not None:
+                unsure = meant
+        return kinds, unsure
 
-    def _learn(self, words: list[str], text: str, kinds: dict[str, dict[str, set[tuple]]]) -> None:
+    def _learn(self, words: list[str], text: str, kinds: dict[str, dict[str, set[tuple]]]) -> float:
         """The learned layer, for what the lists have no words for: a category in which the lists
         found no term gets one contextual term (strong, unless the category's benign context is
         there) when the model's probability reaches its threshold; one in which they found only
@@ -184,9 +206,10 @@ class PromptPolicy:
         `LEARNED_MIN_WORDS` words tell it too little: a style word alone ("poster") leans on what
         the training prompts around it were.
         Beside a people the lists name, "hate" counts from the card's higher `hate_with_group`: a
-        Muslim family at Eid is not an attack."""
+        Muslim family at Eid is not an attack. Returns the layer's highest unsafe probability (0
+        where it did not read the prompt)."""
         if len(words) < LEARNED_MIN_WORDS:
-            return
+            return 0.0
         probs = self._learned.probabilities(words, text)
         limits = self._learned.thresholds
         named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
@@ -199,6 +222,28 @@ class PromptPolicy:
                 kinds[category]["contextual"].add(("<learned>",))
             elif not found.get("strong") and not found.get("contextual") and probs[category] >= LEARNED_WITH_WEAK:
                 kinds[category]["weak"].add(("<learned>",))
+        return max((p for c, p in probs.items() if c != "benign"), default=0.0)
+
+    def _second_opinion(self, text: str, kinds: dict[str, dict[str, set[tuple]]]) -> dict[str, float]:
+        """The encoder's reading, where nothing refused the prompt and the learned layer leaned to a
+        category (under its threshold, or silenced by a benign-context word):
+        each category whose probability reaches the encoder's threshold refuses, at that
+        probability, whatever context the lists saw (it reads the whole sentence, which they
+        cannot), except where they found only weak terms of the category: there the lists' rule
+        stands (one weak term passes, two refuse), for the encoder reads "a woman in lingerie" as
+        sexual (0.92); counting it from 0.85 there, as the learned layer's weak term, caught 1 to 3
+        points more violence on heldout-9 to heldout-14, and refused lingerie. Beside a people
+        named, hate counts from the encoder's `hate_with_group`; beside a minor, sexual refuses as
+        sexual content with a minor from the lower of its `sexual` and `sexual_with_minor`."""
+        encoder = self._learned.encoder
+        probs, limits = encoder.probabilities(text), encoder.thresholds
+        named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
+        over = {c: p for c, p in probs.items() if c in self._thresholds and p >= limits.get(named.get(c, c), 2.0)
+                and not _weak_only(kinds.get(c, {}))}
+        if (kinds.get("sexual_minors", {}).get("minors") and "sexual_minors" in self._thresholds
+                and probs.get("sexual", 0.0) >= min(limits.get("sexual_with_minor", 2.0), limits.get("sexual", 2.0))):
+            over["sexual_minors"] = probs["sexual"]
+        return over
 
     def _scan(self, ws: Words, exempt: _Index, index: _Index, kinds: dict[str, dict[str, set[tuple]]],
               keys: list[str]) -> set[int]:
@@ -298,6 +343,14 @@ class PromptPolicy:
         # "ten years later": the number a duration reads is no one's age.
         spans = {m.span(m.lastindex) for m in self._durations.finditer(plain, overlapped=True)}
         return any(span not in spans for span in young)
+
+
+def _found(kinds: dict[str, dict[str, set[tuple]]]) -> Found:
+    return Found({c: {k: len(v) for k, v in ks.items()} for c, ks in kinds.items()})
+
+
+def _weak_only(found: dict[str, set[tuple]]) -> bool:
+    return bool(found.get("weak")) and not found.get("strong") and not found.get("contextual")
 
 
 def _thresholds(lexicon: Lexicon, cfg: PolicyConfig) -> dict[str, float]:

