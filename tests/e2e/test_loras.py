@@ -140,7 +140,10 @@ def test_tasks_bring_adapters_and_several_images_and_get_what_one_rank_makes_wit
     # More than the one level batching may move a pixel: the adapter changed the image.
     assert np.abs(seen[("ink", 11)] - plain).max() > 2
     assert np.abs(seen[("ink+clay", 11)] - seen[("ink", 11)]).max() > 2  # so did the second and the scale
-    assert np.array_equal(seen[("plain", 11)], plain)  # and the adapter-free task got the adapter-free image
+    # And the adapter-free task got the adapter-free image, within the level its batch of two may move
+    # a pixel, as every image above (exactly equal with earlier releases of the libraries; with
+    # diffusers 0.42.1, peft 0.21.2 and transformers 5.24.0, one pixel one level apart).
+    assert np.abs(seen[("plain", 11)] - plain).max() <= 1
     assert all(np.abs(seen[("plain", 11 + i)] - seen[("plain", 12 + i)]).max() > 8 for i in range(2))  # own seeds
 
     refused = stack.client.http.post("/v1/tasks", json={"input": {"prompt": "x", "loras": [{"source": "clay"}] * 4}})
