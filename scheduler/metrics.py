@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -119,6 +120,7 @@ class RequestTimer:
     def __init__(self, app, metrics: SchedulerMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._children: dict[tuple[str, str, int], Any] = {}  # by method, route template, status
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -134,9 +136,10 @@ class RequestTimer:
         try:
             await self.app(scope, receive, seen)
         finally:
-            route = scope.get("route")
-            self.metrics.requests.labels(scope["method"], getattr(route, "path", "unmatched"),
-                                         str(code["value"])).observe(time.perf_counter() - t0)
+            key = (scope["method"], getattr(scope.get("route"), "path", "unmatched"), code["value"])
+            if (child := self._children.get(key)) is None:  # labels() costs more than the observe
+                child = self._children[key] = self.metrics.requests.labels(*key[:2], str(key[2]))
+            child.observe(time.perf_counter() - t0)
 
 
 def prometheus_targets(workers: list[WorkerView]) -> list[dict]:
