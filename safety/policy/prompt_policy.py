@@ -28,6 +28,10 @@ LEARNED_MIN_WORDS = 4
 # Beside a weak listed term the model must be surer than its threshold: "a woman in lingerie" (0.5
 # sexual) and "blood on the floor" (0.78 violence) pass, as one weak term alone does.
 LEARNED_WITH_WEAK = 0.85
+# Where the lists found only weak terms of a category, the encoder refuses it from here; not in sexual,
+# where it reads lingerie and swimwear as sexual (_second_opinion).
+ENCODER_WITH_WEAK = 0.85
+ENCODER_OVER_WEAK = frozenset({"violence", "hate", "self_harm"})
 _PLAIN_WORDS = regex.compile(f"[a-z0-9]+|[{CJK}]")
 _DIGIT = re.compile(r"[0-9]")
 # Words that join spelled tens and units ("treinta y cinco", "vingt et un", "vinte e cinco").
@@ -229,17 +233,18 @@ class PromptPolicy:
         category (under its threshold, or silenced by a benign-context word):
         each category whose probability reaches the encoder's threshold refuses, at that
         probability, whatever context the lists saw (it reads the whole sentence, which they
-        cannot), except where they found only weak terms of the category: there the lists' rule
-        stands (one weak term passes, two refuse), for the encoder reads "a woman in lingerie" as
-        sexual (0.92); counting it from 0.85 there, as the learned layer's weak term, caught 1 to 3
-        points more violence on heldout-9 to heldout-14, and refused lingerie. Beside a people
-        named, hate counts from the encoder's `hate_with_group`; beside a minor, sexual refuses as
-        sexual content with a minor from the lower of its `sexual` and `sexual_with_minor`."""
+        cannot). Where they found only weak terms of the category, it must be surer
+        (`ENCODER_WITH_WEAK`, as the learned layer beside a weak term): "torture in a cellar,
+        pulling out his nails" has one weak term, and the encoder 0.97. Except in sexual, where the
+        lists' rule stands (one weak term passes, two refuse): the encoder reads "a woman in red
+        lingerie on a bed" as sexual (0.98). Beside a people named, hate counts from the encoder's
+        `hate_with_group`; beside a minor, sexual refuses as sexual content with a minor from the
+        lower of its `sexual` and `sexual_with_minor`."""
         encoder = self._learned.encoder
         probs, limits = encoder.probabilities(text), encoder.thresholds
         named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
         over = {c: p for c, p in probs.items() if c in self._thresholds and p >= limits.get(named.get(c, c), 2.0)
-                and not _weak_only(kinds.get(c, {}))}
+                and (not _weak_only(kinds.get(c, {})) or (c in ENCODER_OVER_WEAK and p >= ENCODER_WITH_WEAK))}
         if (kinds.get("sexual_minors", {}).get("minors") and "sexual_minors" in self._thresholds
                 and probs.get("sexual", 0.0) >= min(limits.get("sexual_with_minor", 2.0), limits.get("sexual", 2.0))):
             over["sexual_minors"] = probs["sexual"]

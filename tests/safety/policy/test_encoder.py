@@ -61,6 +61,15 @@ def test_a_category_with_only_weak_terms_keeps_the_lists_rule(policy):
     assert policy.encoder_asked == asked + 1  # asked, and its "sexual" did not count
 
 
+def test_beside_only_weak_terms_of_violence_a_sure_encoder_refuses(policy, without):
+    """One weak term ("execution"), the museum's benign context, the learned layer under its weak
+    term's bar: the lists and the layer pass it; the encoder reads a beheading (about 0.9)."""
+    prompt = "museum diorama of a medieval execution, the hangman holding up the head he just took, the crowd cheering"
+    assert not without.judge(prompt).refused
+    verdict = policy.judge(prompt)
+    assert (verdict.refused, verdict.category) == (True, "violence")
+
+
 def test_a_band_of_one_never_asks():
     never = PromptPolicy.load(PolicyConfig(encoder_band=1.0))
     assert not never.judge(UNSURE).refused and never.encoder_asked == 0
