@@ -67,6 +67,13 @@ MAX_FALSE_BY = {"self_harm": 0.015}
 # sexual recall rose 0.953 -> 0.968 on heldout-3 to heldout-13, minors on heldout-3 0.883 -> 0.906,
 # benign passed 0.960 -> 0.959); violence and self-harm came out where they were bound anyway.
 FLOOR = {"hate": 0.6, "hate_with_group": 0.8, "sexual": 0.3, "violence": 0.3, "self_harm": 0.3}
+# The encoder's head reads a whole sentence, not word pieces: beside a people named, the benign
+# training prompts set its threshold from hate's floor (it comes out at 0.75). With the table's 0.8
+# it let pass prompts it read at 0.75-0.79 (gay men hanged from a crane, "this is what they
+# deserve"); at 0.75, hate on the regression sets rose up to 1.6 points, benign passed unchanged on
+# every one. Asking it wherever a people is named (band 0.2 there) changed no recall and refused
+# two benign prompts of heldout-2: not kept.
+ENCODER_FLOOR = {**FLOOR, "hate_with_group": 0.6}
 # The meaning table. Chosen on heldout-3 to heldout-5 and the regression sets' benign prompts, never
 # on a set measured first: the ridge penalty of its fit; how much a prompt's meaning (a unit vector,
 # less the training prompts' mean) weighs beside its hashed features (about thirty, each 1/sqrt(n));
@@ -259,7 +266,7 @@ def fit_all(x, y, jobs: int | None = None):
 
 
 def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
-               groups: np.ndarray) -> dict[str, float]:
+               groups: np.ndarray, floor: dict[str, float] = FLOOR) -> dict[str, float]:
     """Per category, the lowest threshold (on a 0.05 grid from the category's FLOOR, else 0.5) at
     which at most `max_false` (MAX_FALSE_BY's share for a category it names) of the benign training
     prompts reach it, judged out of fold;
@@ -279,7 +286,7 @@ def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
     for col, c in enumerate(present):
         if c == 0:
             continue
-        for t in np.arange(FLOOR.get(CLASSES[c], 0.5), 0.951, 0.05):
+        for t in np.arange(floor.get(CLASSES[c], 0.5), 0.951, 0.05):
             if (probs[benign, col] >= t).mean() <= MAX_FALSE_BY.get(CLASSES[c], max_false):
                 out[CLASSES[c]] = round(float(t), 2)
                 break
@@ -290,7 +297,7 @@ def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
     # A people named (Muslim, Jewish, Roma) is where the model mistakes a mention for an attack:
     # there "hate" counts from a higher threshold, chosen on the benign prompts that name one.
     col = list(present).index(CLASSES.index("hate"))
-    out["hate_with_group"] = _above(probs[benign & groups, col], max(out["hate"], FLOOR["hate_with_group"]),
+    out["hate_with_group"] = _above(probs[benign & groups, col], max(out["hate"], floor["hate_with_group"]),
                                     max_false)
     return out
 
@@ -335,7 +342,7 @@ def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING, 
     # The encoder's head: the same prompts as the teacher itself reads them, the same fit and the
     # same rule for its thresholds.
     head, head_folds = fit_all(targets.astype(np.float32), y)
-    head_thresholds = thresholds(targets.astype(np.float32), y, head_folds, max_false, minors, groups)
+    head_thresholds = thresholds(targets.astype(np.float32), y, head_folds, max_false, minors, groups, ENCODER_FLOOR)
     hashed = 1 << features.bits
     w = model.coef_.T  # features x classes: the hashed ones, then the meaning's
     seen = np.unique(x.indices[x.indices < hashed])
@@ -362,7 +369,7 @@ def build(out_dir: Path, max_false: float = MAX_FALSE, folder: Path = TRAINING, 
         "trained_on": {"digest": data_digest(folder), "teacher": teacher_digest(teacher), "prompts": len(rows),
                        "by_class": {c: int((y == i).sum()) for i, c in enumerate(CLASSES)},
                        "languages": sorted({r["lang"] for r in rows})},
-        "settings": {"C": C, "benign_weight": BENIGN_WEIGHT, "max_false": max_false, "max_false_by": MAX_FALSE_BY, "floor": FLOOR,
+        "settings": {"C": C, "benign_weight": BENIGN_WEIGHT, "max_false": max_false, "max_false_by": MAX_FALSE_BY, "floor": FLOOR, "encoder_floor": ENCODER_FLOOR,
                      "solver": "lbfgs"},
     }
     (out_dir / CARD).write_text(json.dumps(card, indent=1, sort_keys=True) + "\n", encoding="utf-8")
