@@ -267,11 +267,12 @@ def fit_all(x, y, jobs: int | None = None):
 
 def thresholds(x, y, fold_models: list, max_false: float, minors: np.ndarray,
                groups: np.ndarray, floor: dict[str, float] = FLOOR) -> dict[str, float]:
-    """Per category, the lowest threshold (on a 0.05 grid from the category's FLOOR, else 0.5) at
+    """Per category, the lowest threshold (on a 0.05 grid from the category's `floor`, else 0.5; FLOOR
+    for the table, ENCODER_FLOOR for the encoder's head) at
     which at most `max_false` (MAX_FALSE_BY's share for a category it names) of the benign training
     prompts reach it, judged out of fold;
     `sexual_with_minor`, the lowest (from 0.2) that at most `max_false` of the benign prompts naming
-    a minor (by the lists) reach in "sexual"; and `hate_with_group`, the lowest (from its FLOOR, or
+    a minor (by the lists) reach in "sexual"; and `hate_with_group`, the lowest (from its `floor`, or
     hate's threshold if higher) that at most `max_false` of the benign prompts naming a group reach
     in "hate". A share, not the single worst prompt: with a few hundred such prompts, the worst one
     alone moved a threshold by 0.1 each time prompts were added (one Muslim family before a mosque
