@@ -22,7 +22,7 @@ install: $(VENV)/.installed $(POLICY_MODEL)
 $(POLICY_MODEL): $(VENV)/.installed release/policy_train.py safety/policy/learned.py safety/policy/normalize.py \
 		safety/policy/prompt_policy.py safety/policy/lists.py safety/policy/lists/policy.toml \
 		$(wildcard safety/policy/training/*.jsonl safety/policy/training/teacher/* safety/policy/lists/*.toml \
-		  safety/policy/lists/forms/*.json)
+		  safety/policy/lists/forms/*.json safety/policy/lists/homographs/*.json)
 	$(PY) -m release.policy_train
 
 $(VENV)/.installed: pyproject.toml
@@ -87,6 +87,7 @@ docs: install
 # the same bytes; a test fails when either is stale.
 policy-forms: install
 	$(PY) -m release.policy_forms
+	$(PY) -m release.policy_homographs
 
 policy-model: $(VENV)/.installed
 	$(PY) -m release.policy_train

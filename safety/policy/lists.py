@@ -25,6 +25,9 @@ SETS = ("minors", "groups", "attacks", "praise", "body", "injury")  # the sets `
 KINDS = SCORING + SETS + ("benign_context", "ages", "durations", "numbers")
 MANIFEST = "policy.toml"
 FORMS = "forms"  # forms/<code>.json: inflected form -> lemma, built by `make policy-forms`
+# homographs/<code>.json: the language's common words that other lists' entries must not read, built
+# by `make policy-forms` (release/policy_homographs.py)
+HOMOGRAPHS = "homographs"
 _DIGEST_LINE = re.compile(r"^digest\s*=.*$", re.MULTILINE)
 
 
@@ -65,6 +68,8 @@ class Lexicon:
     numbers: dict[tuple[str, ...], int] = field(default_factory=dict)
     languages: tuple[str, ...] = ()
     forms: dict[str, dict[str, str]] = field(default_factory=dict)  # language -> a word's form -> its lemma
+    # language -> its common words that another language's entries spell the same ("sulla", "chamar")
+    homographs: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def lemma(self, entry: Entry, forms: dict[str, str]) -> Entry:
         """The entry with each word replaced by its lemma in one language's table (a stem's last
@@ -86,7 +91,8 @@ def digest(folder: Path) -> str:
     # versioned, its build output is not.
     training = sorted((folder.parent / "training").glob("*.jsonl"))
     training += sorted((folder.parent / "training" / "teacher").glob("*.*"))
-    for path in sorted(folder.glob("*.toml")) + sorted((folder / FORMS).glob("*.json")) + training:
+    built = sorted((folder / FORMS).glob("*.json")) + sorted((folder / HOMOGRAPHS).glob("*.json"))
+    for path in sorted(folder.glob("*.toml")) + built + training:
         data = path.read_bytes()
         if path.name == MANIFEST:
             data = _DIGEST_LINE.sub("", data.decode("utf-8")).encode()
@@ -105,6 +111,7 @@ def load(languages: tuple[str, ...], extra: tuple[str, ...] = ()) -> Lexicon:
             raise SafetyLoadError(f"safety.text.policy.languages: no list for {code!r} (shipped: {', '.join(known)})")
         _add(lex, _read(path, str(path)), str(path), code)
         _add_forms(lex, code, folder / FORMS / f"{code}.json")
+        _add_homographs(lex, code, folder / HOMOGRAPHS / f"{code}.json")
     lex.languages = tuple(languages)
     if extra:
         h = hashlib.sha256()
@@ -178,6 +185,19 @@ def _add_forms(lex: Lexicon, code: str, path: Path) -> None:
     except (OSError, ValueError) as e:
         raise SafetyLoadError(f"{path}: cannot read the inflected forms: {e}") from e
     lex.forms[code] = table
+
+
+def _add_homographs(lex: Lexicon, code: str, path: Path) -> None:
+    """A language's words that other languages' entries must not read, where wordfreq knows it."""
+    if not path.is_file():
+        return
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(found, list) or not all(isinstance(w, str) for w in found):
+            raise ValueError("a list of words is expected")
+    except (OSError, ValueError) as e:
+        raise SafetyLoadError(f"{path}: cannot read the homographs: {e}") from e
+    lex.homographs[code] = frozenset(found)
 
 
 def _numbers(lex: Lexicon, table: object, where: str) -> None:

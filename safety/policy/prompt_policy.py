@@ -112,14 +112,17 @@ class PromptPolicy:
         # Exempt phrases are found first and hide their words from the terms: "white power bank".
         self._exempt = _Index([e for e in lexicon.entries if e.category == "exempt"])
         self._index = _Index([e for e in lexicon.entries if e.category != "exempt"])
-        # A second reading in the prompt's language: every word as its lemma, against the entries
-        # lemmatised with the same table. A form means different words in different languages
-        # (German "ass" is a form of "essen"), so only the language the prompt is in is read.
+        # A second reading in the prompt's language: every word as its lemma, against that language's
+        # entries (and the operator's) lemmatised with the same table. A form means different words
+        # in different languages (German "ass" is a form of "essen"), so only the language the
+        # prompt is in is read, and only its own entries: French "pédé" is no form of Portuguese
+        # "pedir", whose "peça" would meet it there.
         self._lemma_indices: dict[str, tuple[_Index, _Index]] = {}
         for code, forms in lexicon.forms.items():
             # An entry none of whose words is a lemma here matches in the first reading or not at all.
             touched = set(forms).union(forms.values())  # a word that is a form or a lemma here
-            lemmas = [lexicon.lemma(e, forms) for e in lexicon.entries if not touched.isdisjoint(e.words)]
+            lemmas = [lexicon.lemma(e, forms) for e in lexicon.entries
+                      if e.lang in (code, None) and not touched.isdisjoint(e.words)]
             self._lemma_indices[code] = (_Index([e for e in lemmas if e.category == "exempt"]),
                                          _Index([e for e in lemmas if e.category != "exempt"]))
         self._languages = languages.identifier(tuple(lexicon.languages)) if lexicon.forms else None
@@ -184,7 +187,10 @@ class PromptPolicy:
         # "asesinada"), are one term; the same word twice is one term too.
         keys = readings[0][1] if readings else ws.words
         kinds: dict[str, dict[str, set[tuple]]] = defaultdict(lambda: defaultdict(set))
-        hidden = self._scan(ws, self._exempt, self._index, kinds, keys)
+        # A common word of the prompt's language that another language's entry spells the same is
+        # this language's word ("sulle", "khách", "góry"), unless that language is the prompt's too.
+        homographs = (self.lexicon.homographs.get(langs[0], frozenset()), frozenset(langs)) if langs else None
+        hidden = self._scan(ws, self._exempt, self._index, kinds, keys, homographs)
         for code, lemmas in readings:
             self._scan(Words(lemmas, ws.disguised, ws.elongated), *self._lemma_indices[code], kinds, keys)
         if self._minor_age(text):
@@ -251,8 +257,10 @@ class PromptPolicy:
         return over
 
     def _scan(self, ws: Words, exempt: _Index, index: _Index, kinds: dict[str, dict[str, set[tuple]]],
-              keys: list[str]) -> set[int]:
-        """Matches one reading of the prompt into `kinds`; returns the positions exempt phrases hid."""
+              keys: list[str], homographs: tuple[frozenset[str], frozenset[str]] | None = None) -> set[int]:
+        """Matches one reading of the prompt into `kinds`; returns the positions exempt phrases hid.
+        `homographs`: the words of the prompt's language that only its languages' entries read, and
+        those languages."""
         hidden: set[int] = set()
         i = 0
         while i < len(ws.words):
@@ -262,6 +270,8 @@ class PromptPolicy:
         i = 0
         while i < len(ws.words):
             n, hits = self._longest(index, ws, i, hidden)
+            if n == 1 and homographs is not None and ws.words[i] in homographs[0] and i not in ws.disguised:
+                hits = [e for e in hits if e.lang is None or e.lang in homographs[1]]
             disguised = any(j in ws.disguised for j in range(i, i + n))
             for e in hits:
                 # A disguised weak term is no accident: it counts as strong.

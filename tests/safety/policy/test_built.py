@@ -1,7 +1,8 @@
-"""The policy's built data: the inflected forms (release/policy_forms.py, committed with the lists)
-and the learned layer (release/policy_train.py, built at install). The forms are rebuilt here and must
-equal what is there; the learned layer's card must name the prompts, lists and code of the checkout,
-and a build must give the same bytes in any process. It never saw a prompt of the measured sets."""
+"""The policy's built data: the inflected forms and the homographs (release/policy_forms.py,
+release/policy_homographs.py, committed with the lists) and the learned layer (release/policy_train.py,
+built at install). The forms and one language's homographs are rebuilt here and must equal what is
+there; the learned layer's card must name the prompts, lists and code of the checkout, and a build
+must give the same bytes in any process. It never saw a prompt of the measured sets."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from safety.policy.prompt_policy import PromptPolicy
 from safety.policy.learned import CARD, TOKENIZER, WEIGHTS, LearnedLayer, teacher_key
 from safety.verdicts import SafetyLoadError
 from launch.local import REPO
-from release import policy_forms, policy_teacher, policy_train
+from release import policy_forms, policy_homographs, policy_teacher, policy_train
 
 SHIPPED = lists.shipped_dir()
 MEASURED = Path(__file__).resolve().parents[1] / "data"
@@ -75,6 +76,47 @@ def test_a_forms_file_changed_by_hand_or_a_list_changed_is_stale(tmp_path):
     assert "\n[exempt]\nphrases = [" in text
     de.write_text(text.replace("\n[exempt]\nphrases = [", '\n[exempt]\nphrases = ["Nacktschnecke im Garten", '), encoding="utf-8")
     assert policy_forms.read_card(tmp_path)["de"]["words"] != policy_forms.built_from(tmp_path, "de")["words"]
+
+
+COUNTED = sorted(LANGUAGES & policy_homographs.supported())  # the lists wordfreq counts words of
+
+
+def test_every_list_that_wordfreq_counts_has_its_homographs():
+    assert sorted(p.stem for p in (SHIPPED / lists.HOMOGRAPHS).glob("*.json")) == COUNTED
+
+
+@pytest.mark.parametrize("code", COUNTED)
+def test_each_homographs_file_was_built_from_these_lists_wordfreq_and_code(code):
+    """homographs/card.toml against the checkout: every list and forms file (another language's
+    entry makes a homograph here), the pinned wordfreq, the code, the file, unchanged since."""
+    assert policy_homographs.read_card(SHIPPED).get(code) == policy_homographs.built_from(SHIPPED, code), \
+        f"stale: {code}; run `make policy-forms` and bump the policy's version"
+
+
+def test_the_homographs_are_rebuilt_byte_for_byte(tmp_path):
+    """Swedish reads a Polish stem's matches among its commonest words (någon, något) and an
+    English entry (slut); a rebuild gives these bytes again. One language's rebuild reads its
+    wordfreq list and the entries' languages' (a few seconds)."""
+    for path in SHIPPED.glob("*.toml"):
+        shutil.copy(path, tmp_path / path.name)
+    shutil.copytree(SHIPPED / lists.FORMS, tmp_path / lists.FORMS)
+    policy_homographs.build(tmp_path, ["sv"])
+    built = (tmp_path / lists.HOMOGRAPHS / "sv.json").read_bytes()
+    assert built == (SHIPPED / lists.HOMOGRAPHS / "sv.json").read_bytes(), \
+        "stale: sv; run `make policy-forms` and bump the policy's version"
+    assert {"nagot", "nagon", "slut"} <= set(json.loads(built))
+    assert policy_homographs.read_card(tmp_path) == {"sv": policy_homographs.read_card(SHIPPED)["sv"]}
+
+
+def test_a_list_changed_makes_every_homographs_file_stale(tmp_path):
+    for path in SHIPPED.glob("*.toml"):
+        shutil.copy(path, tmp_path / path.name)
+    shutil.copytree(SHIPPED / lists.FORMS, tmp_path / lists.FORMS)
+    shutil.copytree(SHIPPED / lists.HOMOGRAPHS, tmp_path / lists.HOMOGRAPHS)
+    assert policy_homographs.read_card(tmp_path)["vi"] == policy_homographs.built_from(tmp_path, "vi")
+    pl = tmp_path / "pl.toml"
+    pl.write_text(pl.read_text(encoding="utf-8").replace('"nago*"', '"nagi*"', 1), encoding="utf-8")
+    assert policy_homographs.read_card(tmp_path)["vi"] != policy_homographs.built_from(tmp_path, "vi")
 
 
 def test_the_learned_layer_was_built_from_these_prompts_lists_and_code():
