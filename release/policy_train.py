@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from safety.policy import lists
-from safety.policy.learned import CARD, TOKENIZER, WEIGHTS, Features, MeaningTable, teacher_key
+from safety.policy.learned import CARD, TOKENIZER, WEIGHTS, Features, MeaningTable, content, teacher_key
 from safety.policy.normalize import native, split, to_ascii
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +117,8 @@ def code_digest(sources: tuple[str, ...] = SOURCES) -> str:
 
 
 def words_of(prompt: str, leet: dict[str, str]) -> list[str]:
-    return split(to_ascii(native(prompt), prepared=True), leet).words
+    """The words the layer reads: the prompt's content (learned.content), as the lists read it."""
+    return split(to_ascii(native(content(prompt)), prepared=True), leet).words
 
 
 def matrix(rows: list[dict], features: Features, leet: dict[str, str]):
@@ -162,7 +163,7 @@ def pieces(rows: list[dict], tokenizer):
 
     indptr, indices = [0], []
     for r in rows:
-        indices.extend(MeaningTable.piece_ids(tokenizer, r["prompt"]))
+        indices.extend(MeaningTable.piece_ids(tokenizer, content(r["prompt"])))
         indptr.append(len(indices))
     counts = np.diff(indptr)
     data = np.repeat(1.0 / np.maximum(counts, 1), counts)

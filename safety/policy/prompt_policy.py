@@ -18,7 +18,7 @@ import regex
 
 from safety.config import PolicyConfig
 from safety.policy import languages, lists
-from safety.policy.learned import LearnedLayer
+from safety.policy.learned import LearnedLayer, content
 from safety.policy.lists import Entry, Lexicon
 from safety.policy.normalize import CJK, Words, native, split, squeeze, to_ascii
 from safety.verdicts import SafetyLoadError, Verdict
@@ -197,10 +197,15 @@ class PromptPolicy:
             kinds["sexual_minors"]["minors"].add(("<age>",))
         unsure = None
         if self._learned is not None:
+            # The layer reads what the prompt shows, without its quality tags and generator settings.
+            said = content(prompt)
+            if said is not prompt:
+                ws = split(to_ascii(native(said), prepared=True), self.lexicon.leet)
+                hidden = self._hide(ws, self._exempt, set())
             visible = [w for i, w in enumerate(ws.words) if i not in hidden]
             # The meaning is read from the prompt as written, or, where an exempt phrase hid words,
             # from the words left as the lists read them: "head cut off by the frame" is framing.
-            meant = " ".join(visible) if hidden else prompt
+            meant = " ".join(visible) if hidden else said
             if self._learn(visible, meant, kinds) >= self._learned.band and self._learned.encoder is not None:
                 unsure = meant
         return kinds, unsure
@@ -261,12 +266,7 @@ class PromptPolicy:
         """Matches one reading of the prompt into `kinds`; returns the positions exempt phrases hid.
         `homographs`: the words of the prompt's language that only its languages' entries read, and
         those languages."""
-        hidden: set[int] = set()
-        i = 0
-        while i < len(ws.words):
-            n, _ = self._longest(exempt, ws, i, hidden)
-            hidden.update(range(i, i + n))
-            i += max(n, 1)
+        hidden = self._hide(ws, exempt, set())
         i = 0
         while i < len(ws.words):
             n, hits = self._longest(index, ws, i, hidden)
@@ -277,6 +277,15 @@ class PromptPolicy:
                 # A disguised weak term is no accident: it counts as strong.
                 kind = "strong" if disguised and e.kind in lists.SCORING else e.kind
                 kinds[e.category][kind].add(tuple(keys[i:i + n]))
+            i += max(n, 1)
+        return hidden
+
+    def _hide(self, ws: Words, exempt: _Index, hidden: set[int]) -> set[int]:
+        """The positions of the words exempt phrases cover, added to `hidden`."""
+        i = 0
+        while i < len(ws.words):
+            n, _ = self._longest(exempt, ws, i, hidden)
+            hidden.update(range(i, i + n))
             i += max(n, 1)
         return hidden
 
