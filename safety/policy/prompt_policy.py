@@ -33,6 +33,10 @@ LEARNED_WITH_WEAK = 0.85
 ENCODER_WITH_WEAK = 0.85
 ENCODER_OVER_WEAK = frozenset({"violence", "hate", "self_harm"})
 _PLAIN_WORDS = regex.compile(f"[a-z0-9]+|[{CJK}]")
+# A word as written, where the lists' normalisation makes one word of it: a character of a script
+# written without spaces, or a run of letters, marks and digits.
+_WRITTEN_WORD = regex.compile(f"[{CJK}]|(?:(?![{CJK}_])\\w)+")
+_ONE_CJK = regex.compile(f"[{CJK}]")
 _DIGIT = re.compile(r"[0-9]")
 # Words that join spelled tens and units ("treinta y cinco", "vingt et un", "vinte e cinco").
 _NUMBER_JOINS = frozenset({"and", "et", "y", "e", "i", "und", "en", "och", "va", "dan", "ve", "wa", "w"})
@@ -204,8 +208,8 @@ class PromptPolicy:
                 hidden = self._hide(ws, self._exempt, set())
             visible = [w for i, w in enumerate(ws.words) if i not in hidden]
             # The meaning is read from the prompt as written, or, where an exempt phrase hid words,
-            # from the words left as the lists read them: "head cut off by the frame" is framing.
-            meant = " ".join(visible) if hidden else said
+            # from the words left: "head cut off by the frame" is framing.
+            meant = _without(said, ws.words, hidden) if hidden else said
             if self._learn(visible, meant, kinds) >= self._learned.band and self._learned.encoder is not None:
                 unsure = meant
         return kinds, unsure
@@ -371,6 +375,22 @@ class PromptPolicy:
 
 def _found(kinds: dict[str, dict[str, set[tuple]]]) -> Found:
     return Found({c: {k: len(v) for k, v in ks.items()} for c, ks in kinds.items()})
+
+
+def _without(text: str, normalised: list[str], hidden: set[int]) -> str:
+    """`text` without the words at `hidden` (positions among the lists' `normalised` words), in its
+    own script: the encoder reads Russian as Russian, not as "palach pytaet", and Chinese as
+    characters, not "恐 怖 电 影". Where the words as written do not pair one to one with the
+    normalised ones (letters spaced out, leetspeak across symbols), the words left as the lists
+    read them."""
+    written = _WRITTEN_WORD.findall(native(text))
+    kept = [w for i, w in enumerate(written if len(written) == len(normalised) else normalised) if i not in hidden]
+    out = []
+    for w in kept:  # no space between two characters of a script written without spaces
+        if out and not (_ONE_CJK.fullmatch(w) and _ONE_CJK.fullmatch(out[-1])):
+            out.append(" ")
+        out.append(w)
+    return "".join(out)
 
 
 def _weak_only(found: dict[str, set[tuple]]) -> bool:

@@ -314,3 +314,17 @@ def test_quality_tags_and_settings_do_not_make_a_plain_prompt_unsafe(policy, pro
 ])
 def test_quality_tags_do_not_hide_what_a_prompt_shows(policy, prompt, expected):
     assert category(policy, prompt + TAGS) == expected
+
+
+@pytest.mark.parametrize("prompt, hidden, meant", [
+    # The words an exempt phrase hid are left out of what the encoder reads, the rest as written.
+    ("恐怖电影海报，内脏散落一地", {8, 9}, "恐怖电影海报内脏一地"),  # characters, not "kong bu dian ying"
+    ("палач пытает пленника, голова отрублена", {0}, "пытает пленника голова отрублена"),  # Cyrillic stays
+    ("n u d e girl, no gore", {2, 3}, "nude girl"),  # spaced letters: the lists' words, as they read them
+])
+def test_the_encoder_reads_the_words_left_in_their_own_script(policy, prompt, hidden, meant):
+    from safety.policy.normalize import native, split, to_ascii
+    from safety.policy.prompt_policy import _without
+
+    ws = split(to_ascii(native(prompt), prepared=True), policy.lexicon.leet)
+    assert _without(prompt, ws.words, hidden) == meant
