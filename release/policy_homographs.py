@@ -2,23 +2,25 @@
 
 Prompts are matched as ASCII words (safety/policy/normalize.py), and every list is read in every
 prompt, since prompts mix languages. So a common word of one language can be a list entry of
-another once accents and scripts are folded away: Italian "sulla" (on the) is a Hindi slur written
+another once accents and scripts are folded away: Italian "sulle" (on the) is a Hindi slur written
 in Latin letters, Portuguese "chamar" (to call) another, Polish "góry" (mountains) is English
-"gory", Vietnamese "khách" (guest) is the Russian slur "хач" transliterated, Swedish "maten" (the
-food) is Spanish for "they kill".
+"gory", Vietnamese "khách" (guest) is the Russian slur "хач" transliterated, Swedish "något"
+(something) begins with the Polish stem "nago*" (naked), Spanish "el" is a Turkish hand.
 
 For each language with a list, this writes safety/policy/lists/homographs/<code>.json: the words,
 normalised as prompts are, that are common in that language (Zipf frequency of at least
-`MIN_ZIPF` in wordfreq, once in a hundred thousand words or more), are matched by a single-word
-entry (or a stem) of another language's list, and are a word of this language more than of that one
-(`MARGIN` higher on the Zipf scale: "sexy" in Swedish, "genocide" in French are the same word as the
-English entry, and stay). A word this language's own list names is never one. In a prompt whose
-likeliest language is this one, an entry of another language does not match such a word, unless
-that language is also the prompt's (safety/policy/prompt_policy.py).
+`MIN_ZIPF` in wordfreq, once in a hundred thousand words or more), that a single-word entry or a
+stem of another language's list reads as a category this language's own list does not read the
+word (or the lemma it is a form of) as, and that are a word of this language more than of that one
+(`MARGIN` higher on the Zipf scale: "sexy" in Swedish, "genocide" in French are the same word as
+the English entry, and stay). Entries of the kinds that refuse or combine (`KINDS`) count; a
+people's name does not. In a prompt whose likeliest language is this one, an entry of another
+language does not match such a word, unless that language is also the prompt's
+(safety/policy/prompt_policy.py).
 
 wordfreq is used here only; the worker reads the files. Beside them, homographs/card.toml records
-what they were built from (the lists' words, wordfreq's version, this code and normalize.py, each
-file's digest): tests/safety/policy/test_built.py fails when they disagree with the checkout, and
+what they were built from (every list and forms file, wordfreq's version, this code and
+normalize.py, each file's digest): tests/safety/policy/test_built.py fails when they disagree with the checkout, and
 rebuilds one language byte for byte.
 """
 
@@ -44,7 +46,7 @@ CARD = "card.toml"
 SOURCES = ("release/policy_homographs.py", "safety/policy/normalize.py")
 # Written without spaces between words: every character is a word of its own (normalize.CJK) and
 # no Latin entry can meet one; wordfreq would also need a tokenizer (MeCab) to read them.
-KINDS = lists.SCORING + ("attacks",)
+KINDS = lists.SCORING + ("attacks", "body", "injury", "minors")
 UNSPACED = frozenset({"ja", "zh", "ko"})
 
 
@@ -58,13 +60,12 @@ def _list_files(folder: Path) -> dict[str, dict]:
             for p in sorted(folder.glob("*.toml")) if p.name != lists.MANIFEST}
 
 
-def _entries(data: dict) -> tuple[dict[str, set[str]], set[str]]:
-    """A list's single-word entries of the kinds that refuse or make a category's attack (`KINDS`):
-    ASCII word -> the native spellings that give it; and its stems (ASCII). A people, a body part,
-    a minor named refuse nothing alone, and a group's name is the same word in many languages
-    ("arabic", "arabie"), which frequencies cannot tell from a homograph."""
-    exact: dict[str, set[str]] = defaultdict(set)
-    stems: set[str] = set()
+def _entries(data: dict) -> tuple[dict[str, dict[str, set[str]]], dict[str, set[str]]]:
+    """A list's single-word entries of the kinds in `KINDS`: ASCII word -> category -> the native
+    spellings that give it; and its stems: ASCII -> categories. Not a people's name: it is the same
+    word in many languages ("arabic", "arabie"), which frequencies cannot tell from a homograph."""
+    exact: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    stems: dict[str, set[str]] = defaultdict(set)
     for section, body in data.items():
         if section in ("language", "exempt") or not isinstance(body, dict):
             continue
@@ -77,10 +78,19 @@ def _entries(data: dict) -> tuple[dict[str, set[str]], set[str]]:
                 if len(text.split()) != 1 or (a := _fold(text)) is None:
                     continue
                 if stem:
-                    stems.add(a)
+                    stems[a].add(section)
                 else:
-                    exact[a].add(text.lower())
+                    exact[a][section].add(text.lower())
     return exact, stems
+
+
+def _categories(word: str, exact: dict[str, dict[str, set[str]]], stems: dict[str, set[str]]) -> set[str]:
+    """The categories a list's entries read `word` in."""
+    out = set(exact.get(word, ()))
+    for stem, categories in stems.items():
+        if word.startswith(stem):
+            out |= categories
+    return out
 
 
 def homographs(folder: Path, only: list[str] | None = None) -> dict[str, list[str]]:
@@ -95,23 +105,24 @@ def homographs(folder: Path, only: list[str] | None = None) -> dict[str, list[st
         if code in UNSPACED or code not in have or (only and code not in only):
             continue
         exact, stems = entries[code]
-        # A form of one of those words is its own too ("assassinatos"), not every form the forms
-        # file holds: those of its phrases' words ("sulle" for "sulla") are not terms of its list.
-        forms = {f for f, lemma in _forms(folder, code).items() if lemma in exact}
+        forms = _forms(folder, code)
         found: set[str] = set()
         for word in wordfreq.top_n_list(code, TOP):
             z = wordfreq.zipf_frequency(word, code)
             if z < MIN_ZIPF:
                 break
             a = _fold(word)
-            # A word this language's list names (or one of its stems begins) is its own term.
-            if a is None or a in found or a in exact or a in forms or any(a.startswith(s) for s in stems):
+            if a is None or a in found:
                 continue
-            theirs = [_zipf(wordfreq, exact_o.get(a, set()) | {a}, other, have)
+            # What this language's own list reads the word as, or the lemma it is a form of
+            # ("assassinatos"): another list reading it so is no collision. Italian "gola" is a body
+            # part there, and Ukrainian "гола*" (naked) reads it as sexual: that is one.
+            own = _categories(a, exact, stems) | _categories(forms.get(a, a), exact, stems)
+            theirs = [_zipf(wordfreq, {w for ws in exact_o.get(a, {}).values() for w in ws} | {a}, other, have)
                       for other, (exact_o, stems_o) in entries.items()
-                      if other != code and (a in exact_o or any(a.startswith(s) for s in stems_o))]
-            # A word of this language first, to every list that names it: a cognate ("tortura",
-            # "porno") is as much a word of theirs, and stays theirs to read.
+                      if other != code and _categories(a, exact_o, stems_o) - own]
+            # A word of this language first, to every list that reads it otherwise: a cognate
+            # ("tortura", "porno") is as much a word of theirs, and stays theirs to read.
             if theirs and z >= max(theirs) + MARGIN:
                 found.add(a)
         out[code] = sorted(found)

@@ -328,3 +328,19 @@ def test_the_encoder_reads_the_words_left_in_their_own_script(policy, prompt, hi
 
     ws = split(to_ascii(native(prompt), prepared=True), policy.lexicon.leet)
     assert _without(prompt, ws.words, hidden) == meant
+
+
+@pytest.mark.parametrize("prompt", [
+    # A poster's negation, and breastfeeding beside a baby: neither is a term of its category.
+    "portada de novela policíaca 'Crimen en Sevilla', una farola y un sombrero, sin nada de sangre",
+    "couverture de roman policier 'Meurtre au port', un imperméable sous la pluie, sans violence",
+    "미스터리 소설 표지, 제목 '안개 속의 살인', 가로등 하나, 잔인한 장면 없음",
+    "जासूसी कहानी की किताब का कवर, हत्या का रहस्य, कोई खून-खराबा नहीं",
+    "póster de salud pública: una madre dando el pecho a su bebé en un banco del parque",
+    "cartaz de saúde: mãe dando o peito ao bebê, traço suave",
+    "鸡尾酒杯里的血腥玛丽，柠檬片装饰，酒吧菜单",
+    # Spanish "el" is no Turkish hand ("el", a body part) beside an injury word.
+    "el cartel arrancado en la calle, fotografía urbana",
+])
+def test_negations_breastfeeding_and_a_cocktail_pass(policy, prompt):
+    assert category(policy, prompt) is None
