@@ -11,6 +11,8 @@ Each step undoes one way of writing a word so that a keyword list misses it:
     ideographs, kana, hangul          one word per character, kept 裸体 -> 裸 体 (no spaces to split on;
                                         as written                 read as pinyin, 强奸 and 强健 would meet)
     Arabic ع and hamza, Hindi nukta   letters, not word breaks     عارية -> earyh (as Arabizi's 3arya)
+    letters of other scripts spaced   joined before they are       ж.и.д.и, ا ل ش و ا ذ, मु.स.ल.मा.न
+                                        transliterated
     other scripts and accents         anyascii (transliteration)   décapité -> decapite, ß -> ss
     case                              str.lower
     leetspeak                         the lists' own table          n4k3d, p0rn, $ex
@@ -50,6 +52,14 @@ _LEET_TOKEN = regex.compile(r"[a-z0-9@$!|+*€£]*[a-z][a-z0-9@$!|+*€£]*|[0-9
 # Three or more single letters separated by one kind of separator: n u d e, n.u.d.e, n-u-d-e.
 _SPACED = regex.compile(r"(?<![a-z0-9])[a-z](?:([ ._\-*~/\\|]+)[a-z](?![a-z0-9]))(?:\1[a-z](?![a-z0-9])){1,}")
 _REPEAT3 = regex.compile(r"([a-z])\1{2,}")
+# The same, in a script that is neither Latin nor written without spaces: ж.и.д.и, ا ل ش و ا ذ,
+# मु.स.ल.मा.न (a letter with its marks). Joined before transliteration, where one letter may become
+# two (ж -> zh, ش -> sh) and the rule above no longer sees single letters; the joined word starts
+# with `_JOINED`, which transliteration keeps, so that `split` still counts it as disguised.
+_LETTER = f"(?:(?![\\p{{Latin}}{CJK}])\\p{{L}})\\p{{M}}*"
+_NATIVE_SPACED = regex.compile(f"(?<![\\p{{L}}\\p{{M}}\\p{{N}}]){_LETTER}(?:([ ._\\-*~/\\\\|]+){_LETTER}(?![\\p{{L}}\\p{{M}}\\p{{N}}]))"
+                               f"(?:\\1{_LETTER}(?![\\p{{L}}\\p{{M}}\\p{{N}}])){{1,}}")
+_JOINED = "\x01"
 _PLAIN = regex.compile(f"[a-z0-9]+|[{CJK}]")
 # A number with a unit or suffix (4k, 3d, 35mm, 1920s, 12yo, 21st) is not leetspeak.
 _QUANTITY = regex.compile(r"\d+(?:[a-z]{1,2}|mm|px|fps|yrs?)?")
@@ -75,6 +85,7 @@ def to_ascii(text: str, prepared: bool = False) -> str:
     if not prepared:
         text = native(text)
     table = _confusables()
+    text = _NATIVE_SPACED.sub(lambda m: _JOINED + regex.sub(r"[^\p{L}\p{M}]", "", m.group(0)), text)
     text = _MIXED_WORD.sub(lambda m: m.group(0).translate(table), text).translate(_LETTERS)
     parts = _EACH_CHAR.split(text)  # odd items are the characters kept
     return "".join(f",{p}," if i % 2 else anyascii(p) for i, p in enumerate(parts)).lower()
@@ -102,7 +113,12 @@ def words(text: str, leet: dict[str, str]) -> list[str]:
 
 
 def split(text: str, leet: dict[str, str]) -> Words:
-    plain = set(_PLAIN.findall(text))
+    if _JOINED in text:  # letters to_ascii joined: not words as written
+        joined = set(regex.findall(f"{_JOINED}([a-z0-9]+)", text))
+        text = text.replace(_JOINED, "")
+        plain = set(_PLAIN.findall(text)) - joined
+    else:
+        plain = set(_PLAIN.findall(text))
     text = _SPACED.sub(_join, text)
     text = _LEET_TOKEN.sub(lambda m: _unleet(m.group(0), leet), text)
     out, disguised, long = [], set(), set()

@@ -95,3 +95,20 @@ def test_a_single_letter_repeated_is_kept_as_typed():
     """KKK is a term and Brazilian "kkkk" is laughter: neither is squeezed."""
     assert norm("kkk rally") == ["kkk", "rally"] and norm("kkkk") == ["kkkk"]
     assert norm("k k k rally") == ["kkk", "rally"]
+
+
+@pytest.mark.parametrize("spaced, plain", [
+    ("ж.и.д.и", "жиди"),                  # Cyrillic: ж is "zh", no single letter once transliterated
+    ("ا ل ش و ا ذ", "الشواذ"),            # Arabic: ش is "sh"
+    ("मु.स.ल.मा.न", "मुसलमान"),            # Devanagari: a letter with its vowel sign
+    ("х-а-ч", "хач"),
+])
+def test_spaced_letters_of_other_scripts_are_joined_and_count_as_disguised(spaced, plain):
+    ws = split(to_ascii(f"poster {spaced} now"), LEET)
+    assert ws.words == ["poster", *words(to_ascii(plain), LEET), "now"]
+    assert ws.disguised == frozenset({1})
+
+
+def test_words_of_other_scripts_as_written_are_left_alone():
+    ws = split(to_ascii("на стене граффити, кот спит"), LEET)
+    assert ws.words == words(to_ascii("на стене граффити кот спит"), LEET) and not ws.disguised
