@@ -106,15 +106,19 @@ def built_from(folder: Path, code: str) -> dict[str, str]:
 
 
 def read_card(folder: Path) -> dict[str, dict[str, str]]:
-    path = folder / lists.FORMS / CARD
+    return read_card_file(folder / lists.FORMS / CARD)
+
+
+def read_card_file(path: Path) -> dict[str, dict[str, str]]:
     return tomllib.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _write_card(folder: Path, card: dict[str, dict[str, str]]) -> None:
-    lines = ["# Written by `make policy-forms` (release/policy_forms.py): what each forms file was built from."]
+def write_card_file(path: Path, card: dict[str, dict[str, str]], header: str) -> None:
+    """A card: a table per language of what its file was built from, under a comment line."""
+    lines = [f"# {header}"]
     for code in sorted(card):
         lines += ["", f"[{code}]", *(f'{k} = "{v}"' for k, v in sorted(card[code].items()))]
-    (folder / lists.FORMS / CARD).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def build(folder: Path, only: list[str] | None = None) -> dict[str, int]:
@@ -131,7 +135,8 @@ def build(folder: Path, only: list[str] | None = None) -> dict[str, int]:
         (out_dir / f"{code}.json").write_text(text, encoding="utf-8")
         card[code] = built_from(folder, code)
         written[code] = len(forms)
-    _write_card(folder, card)
+    write_card_file(folder / lists.FORMS / CARD, card,
+                    "Written by `make policy-forms` (release/policy_forms.py): what each forms file was built from.")
     return written
 
 

@@ -35,6 +35,7 @@ from collections import defaultdict
 from importlib.metadata import version
 from pathlib import Path
 
+from release.policy_forms import read_card_file, write_card_file
 from release.policy_train import code_digest
 from safety.policy import lists
 from safety.policy.normalize import native, to_ascii, words
@@ -165,8 +166,7 @@ def supported() -> set[str]:
 
 
 def read_card(folder: Path) -> dict[str, dict[str, str]]:
-    path = folder / lists.HOMOGRAPHS / CARD
-    return tomllib.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return read_card_file(folder / lists.HOMOGRAPHS / CARD)
 
 
 def build(folder: Path, only: list[str] | None = None) -> dict[str, int]:
@@ -178,10 +178,8 @@ def build(folder: Path, only: list[str] | None = None) -> dict[str, int]:
         (out_dir / f"{code}.json").write_text(json.dumps(found, ensure_ascii=True, indent=0) + "\n", encoding="utf-8")
         card[code] = built_from(folder, code)
         written[code] = len(found)
-    lines = ["# Written by `make policy-forms` (release/policy_homographs.py): what each homographs file was built from."]
-    for code in sorted(card):
-        lines += ["", f"[{code}]", *(f'{k} = "{v}"' for k, v in sorted(card[code].items()))]
-    (out_dir / CARD).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_card_file(out_dir / CARD, card, "Written by `make policy-forms` (release/policy_homographs.py): "
+                    "what each homographs file was built from.")
     return written
 
 
