@@ -47,8 +47,9 @@ def pytest_collection_finish(session):
 # (a file per worker; the Makefile's --no-loadscope-reorder keeps this order, where xdist would put the
 # files with the most tests first), and the many short files fill in around them; started last, one
 # of them could end the run alone.
-LONGEST_FIRST = ("e2e/test_recovery.py", "release/test_wheelhouse_install.py", "e2e/test_launch.py", "e2e/test_parallel.py",
-                 "e2e/test_gcs.py", "bench/test_bench.py", "scheduler/test_schema_fuzz.py")
+LONGEST_FIRST = ("e2e/test_recovery.py", "release/test_wheelhouse_install.py", "e2e/test_launch.py",
+                 "safety/policy/test_built.py", "e2e/test_parallel.py", "bench/test_fleet_bench.py", "e2e/test_gcs.py",
+                 "scheduler/test_schema_fuzz.py", "bench/test_bench.py")
 
 
 # Fixtures that start processes or servers: a test that uses one is in the integration tier
