@@ -68,7 +68,7 @@ class Lexicon:
     numbers: dict[tuple[str, ...], int] = field(default_factory=dict)
     languages: tuple[str, ...] = ()
     forms: dict[str, dict[str, str]] = field(default_factory=dict)  # language -> a word's form -> its lemma
-    # language -> its common words that another language's entries spell the same ("sulla", "chamar")
+    # language -> its common words that another language's entries spell the same ("sulle", "chamar")
     homographs: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def lemma(self, entry: Entry, forms: dict[str, str]) -> Entry:

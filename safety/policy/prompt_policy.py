@@ -205,7 +205,7 @@ class PromptPolicy:
             said = content(prompt)
             if said is not prompt:
                 ws = split(to_ascii(native(said), prepared=True), self.lexicon.leet)
-                hidden = self._hide(ws, self._exempt, set())
+                hidden = self._hide(ws, self._exempt)
             visible = [w for i, w in enumerate(ws.words) if i not in hidden]
             # The meaning is read from the prompt as written, or, where an exempt phrase hid words,
             # from the words left: "head cut off by the frame" is framing.
@@ -270,7 +270,7 @@ class PromptPolicy:
         """Matches one reading of the prompt into `kinds`; returns the positions exempt phrases hid.
         `homographs`: the words of the prompt's language that only its languages' entries read, and
         those languages."""
-        hidden = self._hide(ws, exempt, set())
+        hidden = self._hide(ws, exempt)
         i = 0
         while i < len(ws.words):
             n, hits = self._longest(index, ws, i, hidden)
@@ -284,8 +284,9 @@ class PromptPolicy:
             i += max(n, 1)
         return hidden
 
-    def _hide(self, ws: Words, exempt: _Index, hidden: set[int]) -> set[int]:
-        """The positions of the words exempt phrases cover, added to `hidden`."""
+    def _hide(self, ws: Words, exempt: _Index) -> set[int]:
+        """The positions of the words exempt phrases cover."""
+        hidden: set[int] = set()
         i = 0
         while i < len(ws.words):
             n, _ = self._longest(exempt, ws, i, hidden)
