@@ -62,9 +62,14 @@ _QUALITY = regex.compile(
 
 
 def content(text: str) -> str:
-    """The prompt without its quality tags, weights' numbers and generator parameters."""
+    """The prompt without its quality tags, weights' numbers and generator parameters, and without
+    the empty places between commas they leave: a carbonara followed by five bare commas read as
+    violence at 0.48 to the layer and as self-harm at 0.36 to the encoder, where it read 0.09 and
+    0.05 without them."""
     out = _QUALITY.sub(" ", _PARAMETERS.sub(" ", _WEIGHTED.sub(r"\1", text)))
-    return text if out == text else out
+    if out == text:
+        return text
+    return ", ".join(part for part in (p.strip() for p in out.split(",")) if part)
 
 
 @dataclass(frozen=True)

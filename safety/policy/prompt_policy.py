@@ -32,6 +32,22 @@ LEARNED_WITH_WEAK = 0.85
 # where it reads lingerie and swimwear as sexual (_second_opinion).
 ENCODER_WITH_WEAK = 0.85
 ENCODER_OVER_WEAK = frozenset({"violence", "hate", "self_harm"})
+# Where the encoder is on, a refusal in these categories that rests on the learned layer alone (no
+# listed term would refuse) stands only if the encoder, reading the whole sentence, does not call
+# the prompt benign: at least ENCODER_VETO_BENIGN benign and under ENCODER_VETO_UNDER in the
+# category. The table reads word pieces, not how they bear on each other: a weather map of Jakarta
+# (self-harm 0.64), a LinkedIn banner, a boxing photo, breastfeeding posters read unsafe to it, and
+# benign (0.9 and more) to the encoder. With that check behind it, the layer proposes from
+# LEARNED_MARGIN under its thresholds. Chosen on heldout-1 to heldout-17, every prompt's layer and
+# encoder probabilities read once (each category's recall there held or rose, benign passed 0.961
+# -> 0.965; heldout-17's 0.913 -> 0.953). Not in sexual: the encoder read a child undressing
+# "with a suggestive air" as benign (0.87), and sexual content with a minor is the rule that must
+# hold.
+ENCODER_CONFIRMS = frozenset({"violence", "hate", "self_harm"})
+ENCODER_VETO_BENIGN = 0.7
+ENCODER_VETO_UNDER = 0.2
+LEARNED_MARGIN = 0.1
+LEARNED = ("<learned>",)  # the term the learned layer adds
 _PLAIN_WORDS = regex.compile(f"[a-z0-9]+|[{CJK}]")
 # A word as written, where the lists' normalisation makes one word of it: a character of a script
 # written without spaces, or a run of letters, marks and digits.
@@ -159,11 +175,18 @@ class PromptPolicy:
         return [self.judge(p) for p in prompts]
 
     def judge(self, prompt: str) -> Verdict:
-        kinds, unsure = self._read(prompt)
+        kinds, meant, lean = self._read(prompt)
         scores = self.scores(_found(kinds))
         over = {c: s for c, s in scores.items() if c in self._thresholds and s >= self._thresholds[c]}
-        if not over and unsure is not None:
-            over = self._second_opinion(unsure, kinds)
+        if meant is not None:
+            proposed = [c for c in over if c in ENCODER_CONFIRMS and self._on_learned_alone(c, kinds)]
+            if proposed or (not over and lean >= self._learned.band):
+                probs = self._learned.encoder.probabilities(meant)
+                for c in proposed:
+                    if probs.get("benign", 0.0) >= ENCODER_VETO_BENIGN and probs.get(c, 0.0) < ENCODER_VETO_UNDER:
+                        del over[c]
+                if not over:
+                    over = self._second_opinion(probs, kinds)
         if not over:
             return Verdict(False, self.name, scores, policy=self.version)
         worst = next(c for c in self.lexicon.categories if c in over)  # the manifest's order
@@ -174,9 +197,10 @@ class PromptPolicy:
         """What the lists and the learned layer find (the encoder is never asked here)."""
         return _found(self._read(prompt)[0])
 
-    def _read(self, prompt: str) -> tuple[dict[str, dict[str, set[tuple]]], str | None]:
-        """The terms found, by category and kind; and the text to ask the encoder about where the
-        learned layer was unsure (None where it was sure, or there is no encoder)."""
+    def _read(self, prompt: str) -> tuple[dict[str, dict[str, set[tuple]]], str | None, float]:
+        """The terms found, by category and kind; the text the encoder would read (None without
+        one, or where the learned layer did not read the prompt); and the layer's highest unsafe
+        probability (0 where it did not read the prompt)."""
         text = to_ascii(native(prompt), prepared=True)
         ws = split(text, self.lexicon.leet)
         langs = self._languages.of(prompt) if self._languages else []
@@ -199,7 +223,7 @@ class PromptPolicy:
             self._scan(Words(lemmas, ws.disguised, ws.elongated), *self._lemma_indices[code], kinds, keys)
         if self._minor_age(text):
             kinds["sexual_minors"]["minors"].add(("<age>",))
-        unsure = None
+        meant, lean = None, 0.0
         if self._learned is not None:
             # The layer reads what the prompt shows, without its quality tags and generator settings.
             said = content(prompt)
@@ -210,9 +234,10 @@ class PromptPolicy:
             # The meaning is read from the prompt as written, or, where an exempt phrase hid words,
             # from the words left: "head cut off by the frame" is framing.
             meant = _without(said, ws.words, hidden) if hidden else said
-            if self._learn(visible, meant, kinds) >= self._learned.band and self._learned.encoder is not None:
-                unsure = meant
-        return kinds, unsure
+            lean = self._learn(visible, meant, kinds)
+            if self._learned.encoder is None or len(visible) < LEARNED_MIN_WORDS:
+                meant = None
+        return kinds, meant, lean
 
     def _learn(self, words: list[str], text: str, kinds: dict[str, dict[str, set[tuple]]]) -> float:
         """The learned layer, for what the lists have no words for: a category in which the lists
@@ -225,27 +250,40 @@ class PromptPolicy:
         `LEARNED_MIN_WORDS` words tell it too little: a style word alone ("poster") leans on what
         the training prompts around it were.
         Beside a people the lists name, "hate" counts from the card's higher `hate_with_group`: a
-        Muslim family at Eid is not an attack. Returns the layer's highest unsafe probability (0
-        where it did not read the prompt)."""
+        Muslim family at Eid is not an attack. With an encoder to confirm them (`judge`), the
+        categories of ENCODER_CONFIRMS count from LEARNED_MARGIN under their thresholds. Returns
+        the layer's highest unsafe probability (0 where it did not read the prompt)."""
         if len(words) < LEARNED_MIN_WORDS:
             return 0.0
         probs = self._learned.probabilities(words, text)
         limits = self._learned.thresholds
+        margin = LEARNED_MARGIN if self._learned.encoder is not None else 0.0
         named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
-        over = {c for c, p in probs.items() if p >= limits.get(named.get(c, c), 2.0)}
+        over = {c for c, p in probs.items()
+                if p >= limits.get(named.get(c, c), 2.0) - (margin if c in ENCODER_CONFIRMS else 0.0)}
         if kinds.get("sexual_minors", {}).get("minors") and probs.get("sexual", 0.0) >= limits.get("sexual_with_minor", 2.0):
             over.add("sexual")  # a minor is named: the minors rule comes first, as a weak listed term does
         for category in over:
             found = kinds.get(category, {})
             if not any(found.get(k) for k in lists.SCORING):
-                kinds[category]["contextual"].add(("<learned>",))
+                kinds[category]["contextual"].add(LEARNED)
             elif not found.get("strong") and not found.get("contextual") and probs[category] >= LEARNED_WITH_WEAK:
-                kinds[category]["weak"].add(("<learned>",))
+                kinds[category]["weak"].add(LEARNED)
         return max((p for c, p in probs.items() if c != "benign"), default=0.0)
 
-    def _second_opinion(self, text: str, kinds: dict[str, dict[str, set[tuple]]]) -> dict[str, float]:
-        """The encoder's reading, where nothing refused the prompt and the learned layer leaned to a
-        category (under its threshold, or silenced by a benign-context word):
+    def _on_learned_alone(self, category: str, kinds: dict[str, dict[str, set[tuple]]]) -> bool:
+        """Whether `category` is refused only by the learned layer's term: without it, the lists'
+        terms score under the threshold."""
+        found = kinds.get(category, {})
+        if not any(LEARNED in found.get(k, ()) for k in ("contextual", "weak")):
+            return False
+        without = {c: {k: v - {LEARNED} for k, v in ks.items()} for c, ks in kinds.items()}
+        return self.scores(_found(without)).get(category, 0.0) < self._thresholds[category]
+
+    def _second_opinion(self, probs: dict[str, float], kinds: dict[str, dict[str, set[tuple]]]) -> dict[str, float]:
+        """The encoder's reading (`probs`), where nothing refused the prompt and the learned layer
+        leaned to a category (under its threshold, silenced by a benign-context word, or its refusal
+        vetoed by the encoder):
         each category whose probability reaches the encoder's threshold refuses, at that
         probability, whatever context the lists saw (it reads the whole sentence, which they
         cannot). Where they found only weak terms of the category, it must be surer
@@ -255,8 +293,7 @@ class PromptPolicy:
         lingerie on a bed" as sexual (0.98). Beside a people named, hate counts from the encoder's
         `hate_with_group`; beside a minor, sexual refuses as sexual content with a minor from the
         lower of its `sexual` and `sexual_with_minor`."""
-        encoder = self._learned.encoder
-        probs, limits = encoder.probabilities(text), encoder.thresholds
+        limits = self._learned.encoder.thresholds
         named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
         over = {c: p for c, p in probs.items() if c in self._thresholds and p >= limits.get(named.get(c, c), 2.0)
                 and (not _weak_only(kinds.get(c, {})) or (c in ENCODER_OVER_WEAK and p >= ENCODER_WITH_WEAK))}

