@@ -55,6 +55,12 @@ _WRITTEN_WORD = regex.compile(f"[{CJK}]|(?:(?![{CJK}_])\\w)+")
 _ONE_CJK = regex.compile(f"[{CJK}]")
 _DIGIT = re.compile(r"[0-9]")
 # Words that join spelled tens and units ("treinta y cinco", "vingt et un", "vinte e cinco").
+# Object pronouns written onto a gerund, an infinitive or an imperative (as the lists read them:
+# ASCII, accents gone): Spanish "follándoselo", "corriéndose"; Italian "scoparla", "toccandola".
+_ENCLITICS = {
+    "es": regex.compile(r"(?P<verb>[a-z]{2,}(?:ando|iendo|yendo|ar|er|ir))(?:(?:se|me|te|nos|os)(?:lo|la|los|las|le|les)?|lo|la|los|las|le|les)"),
+    "it": regex.compile(r"(?P<verb>[a-z]{2,}(?:ando|endo|ar|er|ir))(?:(?:me|te|se|ce|ve|glie)(?:lo|la|li|le|ne)|mi|ti|si|ci|vi|gli|lo|la|li|le|ne)"),
+}
 _NUMBER_JOINS = frozenset({"and", "et", "y", "e", "i", "und", "en", "och", "va", "dan", "ve", "wa", "w"})
 
 
@@ -145,6 +151,7 @@ class PromptPolicy:
                       if e.lang in (code, None) and not touched.isdisjoint(e.words)]
             self._lemma_indices[code] = (_Index([e for e in lemmas if e.category == "exempt"]),
                                          _Index([e for e in lemmas if e.category != "exempt"]))
+        self._lemmas = {code: frozenset(forms.values()) for code, forms in lexicon.forms.items()}
         self._languages = languages.identifier(tuple(lexicon.languages)) if lexicon.forms else None
         self._learned = (LearnedLayer.load(lists.shipped_dir(), lexicon.digest, cfg.learned_threshold,
                                            encoder=cfg.encoder, band=cfg.encoder_band, threads=cfg.encoder_threads)
@@ -207,7 +214,7 @@ class PromptPolicy:
         readings = []
         for code in langs:
             forms = self.lexicon.forms.get(code)
-            lemmas = [forms.get(w, w) for w in ws.words] if forms else ws.words
+            lemmas = [forms.get(w) or self._enclitic(code, w) or w for w in ws.words] if forms else ws.words
             if lemmas != ws.words:
                 readings.append((code, lemmas))
         # A term counts once by the words it covers, read as lemmas in the prompt's language: two
@@ -238,6 +245,20 @@ class PromptPolicy:
             if self._learned.encoder is None or len(visible) < LEARNED_MIN_WORDS:
                 meant = None
         return kinds, meant, lean
+
+    def _enclitic(self, code: str, word: str) -> str | None:
+        """The lemma of a verb that carries its object pronouns ("follándoselo", "chupándosela",
+        "scoparla"), where the verb without them is a form or lemma of the lists' words; None
+        otherwise. The lemma tables know the verb, not every pronoun it can carry."""
+        pattern = _ENCLITICS.get(code)
+        m = pattern.fullmatch(word) if pattern is not None else None
+        if m is None:
+            return None
+        verb = m.group("verb") + ("e" if code == "it" and m.group("verb").endswith(("ar", "er", "ir")) else "")
+        forms = self.lexicon.forms[code]
+        if verb in forms:
+            return forms[verb]
+        return verb if verb in self._lemmas[code] else None
 
     def _learn(self, words: list[str], text: str, kinds: dict[str, dict[str, set[tuple]]]) -> float:
         """The learned layer, for what the lists have no words for: a category in which the lists

@@ -344,3 +344,15 @@ def test_the_encoder_reads_the_words_left_in_their_own_script(policy, prompt, hi
 ])
 def test_negations_breastfeeding_and_a_cocktail_pass(policy, prompt):
     assert category(policy, prompt) is None
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("mural de dos adultos, ella follándoselo en la playa", "sexual"),  # follando + se + lo
+    ("póster de concierto, dos adultos follándose en el escenario", "sexual"),
+    ("foto di due adulti nudi, lui toccandola ovunque", "sexual"),  # toccando + la
+    ("mostrarle el camino a casa a un turista, ilustración", None),  # a verb with pronouns, no listed word
+    ("la parte de arriba de una tarta de boda", None),  # "parte" is no "par" with a pronoun
+])
+def test_a_verb_carrying_its_pronouns_is_read_as_the_verb(prompt, expected):
+    lists_only = PromptPolicy.load(PolicyConfig(learned=False))
+    assert category(lists_only, prompt) == expected
