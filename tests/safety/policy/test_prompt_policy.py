@@ -346,6 +346,11 @@ def test_negations_breastfeeding_and_a_cocktail_pass(policy, prompt):
     assert category(policy, prompt) is None
 
 
+@pytest.fixture(scope="module")
+def lists_only() -> PromptPolicy:
+    return PromptPolicy.load(PolicyConfig(learned=False))
+
+
 @pytest.mark.parametrize("prompt, expected", [
     ("mural de dos adultos, ella follándoselo en la playa", "sexual"),  # follando + se + lo
     ("póster de concierto, dos adultos follándose en el escenario", "sexual"),
@@ -353,6 +358,5 @@ def test_negations_breastfeeding_and_a_cocktail_pass(policy, prompt):
     ("mostrarle el camino a casa a un turista, ilustración", None),  # a verb with pronouns, no listed word
     ("la parte de arriba de una tarta de boda", None),  # "parte" is no "par" with a pronoun
 ])
-def test_a_verb_carrying_its_pronouns_is_read_as_the_verb(prompt, expected):
-    lists_only = PromptPolicy.load(PolicyConfig(learned=False))
+def test_a_verb_carrying_its_pronouns_is_read_as_the_verb(lists_only, prompt, expected):
     assert category(lists_only, prompt) == expected
