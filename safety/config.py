@@ -95,7 +95,8 @@ class GuardModelConfig(Section):
 class PolicyCategoryConfig(Section):
     enabled: bool = Field(True, description="false: this category never refuses (not allowed for the "
                           "always-on ones)")
-    # The score at which the category refuses: a strong term adds 1.0, a weak one 0.5.
+    # The score at which the category refuses: a strong term adds 1.0, a weak one 0.5; the encoder's
+    # reading counts as a strong term.
     threshold: float = Field(1.0, gt=0.0, le=10.0)
 
 

@@ -313,7 +313,9 @@ class PromptPolicy:
         lists' rule stands (one weak term passes, two refuse): the encoder reads "a woman in red
         lingerie on a bed" as sexual (0.98). Beside a people named, hate counts from the encoder's
         `hate_with_group`; beside a minor, sexual refuses as sexual content with a minor from the
-        lower of its `sexual` and `sexual_with_minor`."""
+        lower of its `sexual` and `sexual_with_minor`. The encoder's reading weighs as one strong
+        term beside what the lists found: a category whose configured threshold is above 1.0 needs
+        listed terms too."""
         limits = self._learned.encoder.thresholds
         named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
         over = {c: p for c, p in probs.items() if c in self._thresholds and p >= limits.get(named.get(c, c), 2.0)
@@ -321,7 +323,9 @@ class PromptPolicy:
         if (kinds.get("sexual_minors", {}).get("minors") and "sexual_minors" in self._thresholds
                 and probs.get("sexual", 0.0) >= min(limits.get("sexual_with_minor", 2.0), limits.get("sexual", 2.0))):
             over["sexual_minors"] = probs["sexual"]
-        return over
+        listed = self.scores(_found(kinds))
+        strong = self.lexicon.weights["strong"]
+        return {c: p for c, p in over.items() if listed.get(c, 0.0) + strong >= self._thresholds[c]}
 
     def _scan(self, ws: Words, exempt: _Index, index: _Index, kinds: dict[str, dict[str, set[tuple]]],
               keys: list[str], homographs: tuple[frozenset[str], frozenset[str]] | None = None) -> set[int]:

@@ -111,6 +111,14 @@ def test_the_layer_proposes_under_its_thresholds_only_where_the_encoder_confirms
     assert LEARNED not in without._read(SPORT)[0]["violence"]["contextual"]
 
 
+def test_a_threshold_raised_in_the_config_holds_for_the_encoder_too():
+    """The encoder's reading weighs as one strong term: with violence's threshold at 5.0 it refuses
+    no violence alone, as the lists' one strong term would not."""
+    lenient = PromptPolicy.load(PolicyConfig.model_validate({"categories": {"violence": {"threshold": 5.0}}}))
+    assert not lenient.judge(UNSURE).refused
+    assert lenient.encoder_asked == 1
+
+
 def test_a_band_of_one_never_asks():
     never = PromptPolicy.load(PolicyConfig(encoder_band=1.0))
     assert not never.judge(UNSURE).refused and never.encoder_asked == 0
