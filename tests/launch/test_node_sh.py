@@ -64,7 +64,10 @@ def test_a_drain_longer_than_drain_s_is_cut_short(tmp_path):
                     "trap 'echo torchrun: stopped >&2; exit 1' TERM\n"
                     "bash -c 'trap \"\" TERM; exec sleep 60' &\n"  # a rank whose drain never ends
                     "echo started $! >&2\n"
-                    "wait\n")
+                    # `wait` with no operand returns 0 once its children are gone: where the rank's
+                    # KILL is reaped before the TERM's trap runs, torchrun ends 1 all the same.
+                    "wait\n"
+                    "exit 1\n")
     fake.chmod(0o755)
     import sys
 
