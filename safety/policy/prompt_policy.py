@@ -37,8 +37,9 @@ ENCODER_OVER_WEAK = frozenset({"violence", "hate", "self_harm"})
 # A short prompt (at most ENCODER_FEW_WORDS words, from ENCODER_MIN_WORDS) in which the lists found
 # a term of any kind and nothing refused is read by the encoder whatever the layer leaned: the
 # layer reads too little of it ("los discapacitados sobran", "avucumda bir sürü hap, sonsuz uyku"),
-# and under LEARNED_MIN_WORDS it does not read it at all. Ordinary prompts rarely are both short and
-# hold a listed word: the share of them the encoder reads did not move (4.8% -> 4.9%).
+# and under LEARNED_MIN_WORDS it does not read it at all. With this rule and ENCODER_WITH_WEAK the
+# band went 0.4 -> 0.42, so that the encoder still reads under 5% of the ordinary prompts (4.6%;
+# docs/safety.md, the encoder).
 ENCODER_MIN_WORDS = 2
 ENCODER_FEW_WORDS = 5
 # Where the encoder is on, a refusal in these categories that rests on the learned layer alone (no
@@ -203,7 +204,7 @@ class PromptPolicy:
                     if probs.get("benign", 0.0) >= ENCODER_VETO_BENIGN and probs.get(c, 0.0) < ENCODER_VETO_UNDER:
                         del over[c]
                 if not over:
-                    over = self._second_opinion(probs, kinds)
+                    over = self._second_opinion(probs, kinds, scores)
         if not over:
             return Verdict(False, self.name, scores, policy=self.version)
         worst = next(c for c in self.lexicon.categories if c in over)  # the manifest's order
@@ -311,7 +312,8 @@ class PromptPolicy:
         without = {c: {k: v - {LEARNED} for k, v in ks.items()} for c, ks in kinds.items()}
         return self.scores(_found(without)).get(category, 0.0) < self._thresholds[category]
 
-    def _second_opinion(self, probs: dict[str, float], kinds: dict[str, dict[str, set[tuple]]]) -> dict[str, float]:
+    def _second_opinion(self, probs: dict[str, float], kinds: dict[str, dict[str, set[tuple]]],
+                        scores: dict[str, float]) -> dict[str, float]:
         """The encoder's reading (`probs`), where nothing refused the prompt and the learned layer
         leaned to a category (under its threshold, silenced by a benign-context word, or its refusal
         vetoed by the encoder), or a short prompt holds a listed term:
@@ -324,8 +326,8 @@ class PromptPolicy:
         lingerie on a bed" as sexual (0.98). Beside a people named, hate counts from the encoder's
         `hate_with_group`; beside a minor, sexual refuses as sexual content with a minor from the
         lower of its `sexual` and `sexual_with_minor`. The encoder's reading weighs as one strong
-        term beside what the lists found: a category whose configured threshold is above 1.0 needs
-        listed terms too."""
+        term beside what the lists found (`scores`): a category whose configured threshold is above
+        1.0 needs listed terms too."""
         limits = self._learned.encoder.thresholds
         named = {"hate": "hate_with_group"} if kinds.get("hate", {}).get("groups") else {}
         over = {c: p for c, p in probs.items() if c in self._thresholds and p >= limits.get(named.get(c, c), 2.0)
@@ -333,9 +335,8 @@ class PromptPolicy:
         if (kinds.get("sexual_minors", {}).get("minors") and "sexual_minors" in self._thresholds
                 and probs.get("sexual", 0.0) >= min(limits.get("sexual_with_minor", 2.0), limits.get("sexual", 2.0))):
             over["sexual_minors"] = probs["sexual"]
-        listed = self.scores(_found(kinds))
         strong = self.lexicon.weights["strong"]
-        return {c: p for c, p in over.items() if listed.get(c, 0.0) + strong >= self._thresholds[c]}
+        return {c: p for c, p in over.items() if scores.get(c, 0.0) + strong >= self._thresholds[c]}
 
     def _scan(self, ws: Words, exempt: _Index, index: _Index, kinds: dict[str, dict[str, set[tuple]]],
               keys: list[str], homographs: tuple[frozenset[str], frozenset[str]] | None = None) -> set[int]:

