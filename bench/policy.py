@@ -12,7 +12,7 @@ each language and category and by form (paraphrase, obfuscated, ...). Writes JSO
 A set is JSON lines: {"cat": sexual | sexual_minors | violence | hate | self_harm | benign,
 "lang": a language code, "tags": [...], "prompt": ...}. The project's own set is
 tests/safety/data/prompts.jsonl, written with the lists; heldout-1, heldout-2 and the folders
-heldout-3 to heldout-20 (nineteen languages) were written apart from them. All twenty-one run by
+heldout-3 to heldout-21 (nineteen languages) were written apart from them. All twenty-two run by
 default; `--set` for another.
 detoxify needs a trained checkpoint (`--detoxify-checkpoint`, offline form: `dit-worker
 detoxify-offline`): random weights would measure nothing, so without one it is left out.
@@ -36,7 +36,8 @@ DEFAULT_SETS = (DEFAULT_SET, DATA / "heldout-1.jsonl", DATA / "heldout-2.jsonl",
                 DATA / "heldout-7", DATA / "heldout-8", DATA / "heldout-9", DATA / "heldout-10",
                 DATA / "heldout-11", DATA / "heldout-12", DATA / "heldout-13",
                 DATA / "heldout-14", DATA / "heldout-15", DATA / "heldout-16",
-                DATA / "heldout-17", DATA / "heldout-18", DATA / "heldout-19", DATA / "heldout-20")
+                DATA / "heldout-17", DATA / "heldout-18", DATA / "heldout-19", DATA / "heldout-20",
+                DATA / "heldout-21")
 UNSAFE = ("sexual", "sexual_minors", "violence", "hate", "self_harm")
 FORMS = ("plain", "paraphrase", "obfuscated", "inflected", "coded", "mixed")  # tags read as forms
 
