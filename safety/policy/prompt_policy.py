@@ -38,8 +38,8 @@ ENCODER_OVER_WEAK = frozenset({"violence", "hate", "self_harm"})
 # a term of any kind and nothing refused is read by the encoder whatever the layer leaned: the
 # layer reads too little of it ("los discapacitados sobran", "avucumda bir sürü hap, sonsuz uyku"),
 # and under LEARNED_MIN_WORDS it does not read it at all. With this rule and ENCODER_WITH_WEAK the
-# band went 0.4 -> 0.42, so that the encoder still reads under 5% of the ordinary prompts (4.6%;
-# docs/safety.md, the encoder).
+# band (safety.config) is 0.43, so that the encoder still reads under 5% of the ordinary prompts
+# (4.9%; docs/safety.md, the encoder).
 ENCODER_MIN_WORDS = 2
 ENCODER_FEW_WORDS = 5
 # Where the encoder is on, a refusal in these categories that rests on the learned layer alone (no

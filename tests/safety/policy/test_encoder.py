@@ -41,7 +41,7 @@ def test_the_encoder_reads_what_the_learned_layer_is_unsure_of(policy, without):
     verdict = policy.judge(UNSURE)
     assert (verdict.refused, verdict.category) == (True, "violence")
     assert policy.encoder_asked == asked + 1
-    assert "encoder from 0.42" in policy.describe() and "encoder" not in without.describe()
+    assert "encoder from 0.43" in policy.describe() and "encoder" not in without.describe()
 
 
 @pytest.mark.parametrize("prompt", [
