@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from release.policy_train import TEACHER, TEACHER_TOKENIZER, TRAINING, quantise
-from safety.policy.learned import PREFIX, teacher_key
+from safety.policy.e5 import PREFIX
+from safety.policy.learned import teacher_key
 
 CARD = "card.json"
 TOKENIZER_MEMBER = "semantra_multilingual/assets/multilingual-e5-small/tokenizer.json"

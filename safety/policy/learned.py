@@ -37,14 +37,14 @@ from pathlib import Path
 import numpy as np
 import regex
 
+from safety.policy.e5 import E5, PREFIX
 from safety.verdicts import SafetyLoadError
 
 WEIGHTS = "learned.safetensors"
 CARD = "learned.json"
 TOKENIZER = "learned.tokenizer.json"
-# The teacher's own prefix for what it embeds (multilingual-e5 reads "query: " before a text to
-# classify): its pieces are in every prompt the table was fitted on, and in every prompt it reads.
-PREFIX = "query: "
+# The teacher's own prefix (safety.policy.e5.PREFIX): its pieces are in every prompt the table was
+# fitted on, and in every prompt it reads.
 # What a prompt says of its picture's quality or the generator's settings, not of what it shows:
 # quality tags, a word's weight "(masterpiece:1.2)" (the word kept), Midjourney's parameters
 # ("--ar 16:9", "--v 6"). Neither the layer nor the encoder reads them (`content`), in training or
@@ -147,8 +147,6 @@ class Encoder:
 
     def __init__(self, weights: np.ndarray, bias: np.ndarray, classes: list[str], thresholds: dict[str, float],
                  threads: int) -> None:
-        from safety.policy.e5 import E5
-
         try:
             self._model = E5(threads=threads)
         except ImportError as e:
